@@ -1,0 +1,53 @@
+"""The Python API: as short as a Hugging Face pipeline for the same job.
+
+    from prefill import Prefill, Noul, Choice, Score
+    pf = Prefill()                                     # the embedded default model, offline
+    pf.ask("I was charged twice!", Noul("Does the customer want money back?")).noul
+    pf.ask(ticket, {"team": Choice("Which team?", ["Billing", "Technical"]),
+                    "anger": Score("How angry?", ["Calm", "Annoyed", "Furious"])})
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, overload
+
+from . import loading
+from .backends.causal_lm import CausalLMBackend
+from .engine import DEFAULT_MAX_REQUEST_TOKENS, Engine
+from .schema import Answer, Choice, Noul, Score
+
+QuestionT = Noul | Choice | Score
+
+
+class Prefill:
+    """A model, loaded once, that answers typed questions about a state in one prefill pass."""
+
+    def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
+                 packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS):
+        source = loading.resolve(model)
+        hf_model, tokenizer = loading.load(source, dtype)
+        self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
+                                       chat=chat, packing=packing)
+        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens)
+
+    @classmethod
+    def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:
+        self = cls.__new__(cls)
+        self.backend = backend
+        self.engine = Engine(backend, **engine_options)
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @overload
+    def ask(self, state: Any, questions: QuestionT) -> Answer: ...
+    @overload
+    def ask(self, state: Any, questions: Mapping[str, QuestionT]) -> dict[str, Answer]: ...
+
+    def ask(self, state, questions):
+        """Answers for a mapping of id → question, or the one answer for a single question."""
+        if isinstance(questions, (Noul, Choice, Score)):
+            return self.engine.ask(state, {"q": questions})[0]["q"]
+        return self.engine.ask(state, questions)[0]

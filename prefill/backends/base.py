@@ -1,0 +1,25 @@
+"""The one scoring interface every backend implements.
+
+The engine hands a backend a state and a list of questions as token branches, and gets back, for every
+question, one log-likelihood per declared answer. How the backend computes it (a packed tree in one
+pass, rows over a cached state, a trained head) is its own business; what it must guarantee is that a
+question's scores depend on the state and that question alone.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..render import Branches, Renderer
+
+
+class Backend(Protocol):
+    name: str                 # the served model name
+    description: str
+    release_date: str         # YYYY-MM-DD, for GET /v1/models
+    renderer: Renderer
+    max_context: int          # longest state + question + answer the model can position
+
+    def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
+        """Log-likelihood of each answer's whole token sequence given the state and its question."""
+        ...

@@ -1,0 +1,210 @@
+"""Any Hugging Face causal LM as a prefill backend: one forward pass over a token tree, no decoding.
+
+The state runs once and its keys/values are kept. Every question, and every answer under it, is then a
+branch of a tree packed into one sequence and run over that cache with a 4D attention mask in which a
+token sees the state and its own ancestors only, at position ids that continue from its parent as if
+the branch were alone. So a question packed with a thousand others sees exactly what it would see alone
+(up to float rounding: see tests/test_invariance.py), and answers cannot depend on batching or order.
+
+An answer's score is the log-likelihood of its whole token sequence, end-of-answer marker included:
+log P("fraud review<|im_end|>") is the probability that the model says exactly that and stops, so
+options of any length, and options that share first tokens ("fraud" vs "fraud review"), are scored
+exactly. Reading only the first token instead ties such options (both start with "fraud").
+
+Models whose layers ignore attention masks (recurrent or linear-attention hybrids), and sliding-window
+models whose context outruns the window, are run as rows instead: each (question, answer) is a row
+continuing from a copy of the cached state, which needs no mask beyond the causal one.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from ..render import Branches, Renderer
+
+# Layer kinds that take a custom attention mask. Anything else (linear attention, mamba, conv, ...) is
+# a layer that would let packed branches see each other, so such models are run as rows.
+MASKED_LAYERS = {"full_attention", "sliding_attention", "chunked_attention"}
+RECURRENT_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm"}
+
+
+class CausalLMBackend:
+    """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`."""
+
+    def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
+                 chat: bool | None = None, packing: str = "auto", chunk_tokens: int = 2048):
+        self.model = model.eval()
+        self.name = name
+        self.description = description or f"{name} (causal LM, one prefill pass)"
+        self.release_date = release_date
+        self.renderer = Renderer(tokenizer, chat=chat)
+        self.chunk_tokens = chunk_tokens
+        cfg = model.config.get_text_config(decoder=True)
+        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or 4096)
+        self.sliding_window = getattr(cfg, "sliding_window", None) if _has_sliding_layers(cfg) else None
+        if packing not in ("auto", "packed", "rows"):
+            raise ValueError(f"packing must be auto, packed or rows, not {packing!r}")
+        self.packing = packing if packing != "auto" else ("packed" if _takes_masks(cfg) else "rows")
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.forward_calls = 0  # forward passes run: the state, then one per chunk
+
+    # -- the interface
+    @torch.inference_mode()
+    def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
+        cache = self._run_state(state)
+        rows = self.packing == "rows" or (
+            self.sliding_window is not None and len(state) + max(_longest(q) for q in questions) > self.sliding_window)
+        scores: list[list[float]] = []
+        for chunk in _chunks(questions, self.chunk_tokens):
+            scores += self._score_rows(cache, len(state), chunk) if rows else self._score_packed(cache, len(state), chunk)
+        return scores
+
+    # -- the state, once
+    def _run_state(self, state: Sequence[int]) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([list(state)], device=self.device)
+        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        self.forward_calls += 1
+        return cache
+
+    # -- packed: one sequence, a tree mask
+    def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
+        tree = _Tree.build(chunk, n_state)
+        n = len(tree.ids)
+        visible = tree.visibility()                                   # (n, n) bool, ancestors and self
+        mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype)  # the state is visible to all
+        mask[0, 0, :, n_state:].masked_fill_(~visible, torch.finfo(self.dtype).min)
+        branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
+        out = self.model(input_ids=torch.tensor([tree.ids], device=self.device),
+                         position_ids=torch.tensor([tree.positions], device=self.device),
+                         attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
+                         logits_to_keep=torch.tensor(tree.read_from, device=self.device))
+        self.forward_calls += 1
+        return tree.sum_logprobs(out.logits[0])
+
+    # -- rows: each (question, answer) continues from its own copy of the state
+    def _score_rows(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
+        rows = [list(q.prompt) + list(a[:-1]) for q in chunk for a in q.answers]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.device)  # right padding
+        row_cache = copy.deepcopy(cache)
+        row_cache.batch_repeat_interleave(len(rows))
+        positions = torch.arange(n_state, n_state + width, device=self.device).expand(len(rows), -1)
+        logits = self.model(input_ids=ids, position_ids=positions, cache=row_cache, use_cache=True).logits
+        self.forward_calls += 1
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        scores, r = [], 0
+        for q in chunk:
+            per_answer = []
+            for a in q.answers:
+                start = len(q.prompt) - 1  # the last prompt token predicts the answer's first token
+                steps = torch.arange(start, start + len(a), device=self.device)
+                per_answer.append(float(logprobs[r, steps, torch.tensor(a, device=self.device)].sum()))
+                r += 1
+            scores.append(per_answer)
+        return scores
+
+
+class _Tree:
+    """A chunk of questions laid out as one sequence: each question's prompt, then each answer's
+    tokens but the last (the last one is only predicted, never read from)."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.positions: list[int] = []
+        self.question: list[int] = []   # which question a token belongs to
+        self.answer: list[int] = []     # which answer, or -1 for the question's prompt
+        self.read_from: list[int] = []  # sequence indices whose logits are read (deduplicated)
+        self.targets: list[tuple[int, int, int, int]] = []  # (read index, token, question, answer)
+        self.n_answers: list[int] = []
+        self._slot: dict[int, int] = {}
+
+    @classmethod
+    def build(cls, chunk: Sequence[Branches], n_state: int) -> _Tree:
+        t = cls()
+        for qi, q in enumerate(chunk):
+            for k, tok in enumerate(q.prompt):
+                t._add(tok, n_state + k, qi, -1)
+            prompt_end = len(t.ids) - 1
+            t.n_answers.append(len(q.answers))
+            for ai, answer in enumerate(q.answers):
+                prev = prompt_end
+                for k, tok in enumerate(answer):
+                    t.targets.append((t._read(prev), tok, qi, ai))
+                    if k < len(answer) - 1:
+                        t._add(tok, n_state + len(q.prompt) + k, qi, ai)
+                        prev = len(t.ids) - 1
+        return t
+
+    def _add(self, tok: int, pos: int, q: int, a: int) -> None:
+        self.ids.append(tok)
+        self.positions.append(pos)
+        self.question.append(q)
+        self.answer.append(a)
+
+    def _read(self, index: int) -> int:
+        """The logits row for sequence index `index` (a question's last prompt token is read once for
+        all its answers' first tokens)."""
+        if index not in self._slot:
+            self._slot[index] = len(self.read_from)
+            self.read_from.append(index)
+        return self._slot[index]
+
+    def visibility(self) -> torch.Tensor:
+        """Token i sees token j iff j <= i, same question, and j is the prompt or i's own answer."""
+        q = torch.tensor(self.question)
+        a = torch.tensor(self.answer)
+        n = len(self.ids)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        same_question = q[:, None] == q[None, :]
+        on_path = (a[None, :] == -1) | (a[:, None] == a[None, :])
+        return causal & same_question & on_path
+
+    def sum_logprobs(self, logits: torch.Tensor) -> list[list[float]]:
+        """Each answer's log-likelihood: the sum of its tokens' log-probabilities."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        read, tok, qs, ans = (torch.tensor(c) for c in zip(*self.targets))
+        per_token = logprobs[read.to(logprobs.device), tok.to(logprobs.device)].double().cpu()
+        totals = torch.zeros(len(self.n_answers), max(self.n_answers), dtype=torch.float64)
+        totals.index_put_((qs, ans), per_token, accumulate=True)
+        return [totals[q, :n].tolist() for q, n in enumerate(self.n_answers)]
+
+
+def _chunks(questions: Sequence[Branches], budget: int) -> Iterator[list[Branches]]:
+    """Greedy groups of whole questions of at most `budget` tokens (a larger question goes alone), so
+    memory stays bounded however many questions share the state."""
+    chunk: list[Branches] = []
+    size = 0
+    for q in questions:
+        if chunk and size + q.n_tokens > budget:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(q)
+        size += q.n_tokens
+    if chunk:
+        yield chunk
+
+
+def _longest(q: Branches) -> int:
+    return len(q.prompt) + max(len(a) for a in q.answers)
+
+
+def _layer_types(cfg) -> list[str]:
+    return list(getattr(cfg, "layer_types", None) or [])
+
+
+def _takes_masks(cfg) -> bool:
+    if getattr(cfg, "model_type", "") in RECURRENT_MODEL_TYPES:
+        return False
+    return all(t in MASKED_LAYERS for t in _layer_types(cfg))
+
+
+def _has_sliding_layers(cfg) -> bool:
+    types = _layer_types(cfg)
+    if types:
+        return "sliding_attention" in types
+    return bool(getattr(cfg, "sliding_window", None)) and getattr(cfg, "use_sliding_window", True)

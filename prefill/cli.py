@@ -1,0 +1,95 @@
+"""`prefill serve` and `prefill ask`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .engine import DEFAULT_MAX_REQUEST_TOKENS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prefill", description="Typed decisions from a language model in one prefill pass.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default=None,
+                       help="a Hugging Face model id, a local model directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        p.add_argument("--packing", default="auto", choices=["auto", "packed", "rows"],
+                       help="packed: one tree-masked pass; rows: a row per answer over the cached state (for models that ignore masks)")
+        p.add_argument("--no-chat", action="store_true", help="use a plain prompt instead of the model's chat template")
+        p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
+
+    serve = sub.add_parser("serve", help="serve the TypeSafe System One API")
+    model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", action="append", default=[],
+                       help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)")
+    serve.add_argument("--log-level", default="info")
+
+    ask = sub.add_parser("ask", help="answer questions about a state, JSON out")
+    model_options(ask)
+    ask.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
+    ask.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
+    ask.add_argument("--usage", action="store_true", help="print the whole response, usage included")
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _ask(args)
+
+
+def _prefill(args):
+    from .api import Prefill
+    return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
+                   max_request_tokens=args.max_request_tokens)
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from .server import create_app
+    keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
+    app = create_app(lambda: _prefill(args).engine, api_keys=keys)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _read(value: str, as_json: bool) -> object:
+    if value.startswith("@"):
+        path = Path(value[1:])
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text) if as_json or path.suffix == ".json" else text
+    return json.loads(value) if as_json else value
+
+
+def _ask(args) -> int:
+    from pydantic import TypeAdapter, ValidationError
+
+    from .engine import RequestTooLarge
+    from .schema import Question, SystemOneResponse
+    try:
+        state = _read(args.state, as_json=False)
+        questions = TypeAdapter(dict[str, Question]).validate_python(_read(args.questions, as_json=True))
+    except (OSError, json.JSONDecodeError, ValidationError) as e:
+        print(f"prefill ask: {e}", file=sys.stderr)
+        return 2
+    pf = _prefill(args)
+    try:
+        answers, usage = pf.engine.ask(state, questions)
+    except RequestTooLarge as e:
+        print(f"prefill ask: {e}", file=sys.stderr)
+        return 2
+    out = SystemOneResponse(model=pf.name, answers=answers, usage=usage) if args.usage else answers
+    dumped = out.model_dump(mode="json") if args.usage else {k: v.model_dump(mode="json") for k, v in answers.items()}
+    json.dump(dumped, sys.stdout, ensure_ascii=False, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

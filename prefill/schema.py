@@ -1,0 +1,121 @@
+"""The wire schema: TypeSafe System One requests and answers, as pydantic models.
+
+This is the bottom layer: it knows nothing of models or serving. The engine takes these questions and
+returns these answers; the server only adds HTTP around them. Validation here is what the official
+API documents (2..255 choice options, 2..10 score levels, noul criteria with `true`/`false` only), so
+a bad request fails as a 422 with FastAPI's `detail[]` shape before any model work starts.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# Instructions, descriptions and the state may be a string, an object or an array (never a number or bool).
+Text = Union[str, dict[str, Any], list[Any]]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+MAX_CHOICE_OPTIONS = 255
+MAX_SCORE_LEVELS = 10
+
+
+class _Question(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def __init__(self, instructions: Text | None = None, criteria: Any = None, **data: Any):
+        # Positional form for the Python API: Choice("Which team?", ["Billing", "Technical"]).
+        if criteria is not None:
+            data["criteria"] = criteria
+        super().__init__(instructions=instructions, **data)
+
+
+class NoulCriteria(BaseModel):
+    """What counts as yes (`true`) and as no (`false`); either side may be left out."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    true: Text | None = None
+    false: Text | None = None
+
+
+class Noul(_Question):
+    """A yes/no question or statement, answered as P(yes)."""
+    type: Literal["noul"] = "noul"
+    instructions: Text | None = None
+    criteria: NoulCriteria | None = None
+
+
+def _choice_criteria(value: Any) -> Any:
+    # The Python API also takes a list of option names; the wire form is always a mapping.
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return {v: None for v in value}
+    return value
+
+
+class Choice(_Question):
+    """One of 2..255 named options. Names are returned byte-for-byte; descriptions may be null."""
+    type: Literal["choice"] = "choice"
+    instructions: Text | None = None
+    criteria: Annotated[dict[NonEmpty, Text | None], Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)]
+
+    def __init__(self, instructions: Text | None = None, criteria: Any = None, **data: Any):
+        super().__init__(instructions, _choice_criteria(criteria), **data)
+
+
+class Score(_Question):
+    """One of 2..10 ordered levels (criteria[0] is level 0); the score is the expected level."""
+    type: Literal["score"] = "score"
+    instructions: Text | None = None
+    criteria: Annotated[list[Text], Field(min_length=2, max_length=MAX_SCORE_LEVELS)]
+
+
+Question = Annotated[Union[Noul, Choice, Score], Field(discriminator="type")]
+
+
+class SystemOneRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # unknown top-level fields are ignored, as the API does
+    model: str
+    state: Text
+    questions: Annotated[dict[NonEmpty, Question], Field(min_length=1)]
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"] = "noul"
+    noul: float
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"] = "choice"
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"] = "score"
+    score: float
+    legend: dict[str, Text]
+    probabilities: dict[str, float]
+    confidence: float
+
+
+Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(BaseModel):
+    model: str
+    answers: dict[str, Answer]
+    usage: Usage
+
+
+class ModelInfo(BaseModel):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]

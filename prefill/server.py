@@ -1,0 +1,219 @@
+"""Serving: the TypeSafe System One API over HTTP (FastAPI).
+
+`POST /v1/systemone`, `GET /v1/models`, `GET /health`. The model loads in the background so the port
+answers at once: until it is ready, /health and requests get 503 with Retry-After (the SDKs retry).
+Errors keep TypeSafe's shapes: validation 422 `{"detail": [{loc, msg, type}]}`, anything else
+`{"detail": {error_type, message}}`; a bad request is never a 5xx.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .engine import Engine, RequestTooLarge
+from .schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
+
+log = logging.getLogger("prefill.server")
+ALIASES = ("jev-latest", "jev-preview")
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.error_type, self.message, self.headers = status, error_type, message, headers
+
+
+def _error(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": {"error_type": error_type, "message": message}}, status, headers=headers)
+
+
+class _Slot:
+    """The engine, once loaded, or why it is not there."""
+
+    def __init__(self):
+        self.engine: Engine | None = None
+        self.failure: str | None = None
+
+    def get(self) -> Engine:
+        if self.engine is not None:
+            return self.engine
+        if self.failure is not None:
+            raise ApiError(503, "model_unavailable", f"the model failed to load: {self.failure}")
+        raise ApiError(503, "loading", "the model is still loading; retry shortly", {"Retry-After": "2"})
+
+
+def create_app(engine: Engine | Callable[[], Engine], *, api_keys: Sequence[str] = (),
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """An app serving `engine`, or the engine a loader returns (run in a background thread)."""
+    slot = _Slot()
+    keys = [k.encode() for k in api_keys if k]
+    app = FastAPI(title="prefill", description="TypeSafe System One API, answered in one prefill pass.")
+
+    if isinstance(engine, Engine):
+        slot.engine = engine
+    else:
+        def load() -> None:
+            try:
+                slot.engine = engine()
+            except Exception as e:  # noqa: BLE001 — reported on /health and to every request
+                log.exception("model load failed")
+                slot.failure = f"{type(e).__name__}: {e}"
+        app.router.on_startup.append(lambda: threading.Thread(target=load, name="prefill-load", daemon=True).start())
+
+    def authenticate(request: Request) -> None:
+        if not keys:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, "authentication_error", "an API key is required: send Authorization: Bearer <key>",
+                           {"WWW-Authenticate": "Bearer"})
+        given_b = given.strip().encode()
+        ok = False
+        for k in keys:  # constant time per key, and every key is compared
+            ok |= hmac.compare_digest(given_b, k)
+        if not ok:
+            raise ApiError(401, "authentication_error", "the API key is not valid", {"WWW-Authenticate": "Bearer"})
+
+    def served_names(e: Engine) -> tuple[str, ...]:
+        return (e.backend.name, *ALIASES)
+
+    @app.get("/health")
+    def health():
+        if slot.engine is not None:
+            return {"status": "ok", "model": slot.engine.backend.name}
+        status = "failed" if slot.failure else "loading"
+        return JSONResponse({"status": status, "error": slot.failure}, 503, headers={"Retry-After": "2"})
+
+    @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
+    def models():
+        e = slot.get()
+        b = e.backend
+        return ModelList(models=[ModelInfo(name=n, description=b.description if n == b.name else f"alias of {b.name}",
+                                           release_date=b.release_date) for n in served_names(e)])
+
+    @app.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
+    def systemone(req: SystemOneRequest):
+        e = slot.get()
+        if req.model not in served_names(e):
+            raise ApiError(404, "not_found_error",
+                           f"model {req.model!r} is not served here; use one of {list(served_names(e))}")
+        try:
+            answers, usage = e.ask(req.state, req.questions)
+        except RequestTooLarge as err:
+            raise ApiError(413, "request_too_large", str(err)) from err
+        return SystemOneResponse(model=e.backend.name, answers=answers, usage=usage)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError):
+        return _error(exc.status, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        kinds = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return _error(exc.status_code, kinds.get(exc.status_code, "invalid_request_error"), message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        detail = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+                  for err in exc.errors()]
+        return JSONResponse({"detail": detail}, 422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception):
+        log.exception("internal error", exc_info=exc)
+        return _error(500, "internal_error", "internal error; the server log has the details")
+
+    app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
+    return app
+
+
+class _DecodeBody:
+    """Request bodies sent with Content-Encoding zstd (the official SDK's default when zstd is
+    available), gzip or deflate are decompressed; an unknown encoding is a 415, an oversized body a 413."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if encoding in ("", "identity") and not _too_long(headers, self.max_bytes):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await _respond(send, 413, "request_too_large", f"the body is over {self.max_bytes} bytes")
+        try:
+            body = _decompress(encoding, body, self.max_bytes)
+        except LookupError:
+            return await _respond(send, 415, "unsupported_media_type",
+                                  f"Content-Encoding {encoding!r} is not supported (zstd, gzip, deflate are)")
+        except OverflowError:
+            return await _respond(send, 413, "request_too_large", f"the decoded body is over {self.max_bytes} bytes")
+        except Exception:  # noqa: BLE001 — a corrupt stream is the client's error
+            return await _respond(send, 400, "invalid_request_error", f"the body is not valid {encoding} data")
+        new_headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
+        new_headers.append((b"content-length", str(len(body)).encode()))
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app({**scope, "headers": new_headers}, replay, send)
+
+
+def _too_long(headers: dict, max_bytes: int) -> bool:
+    try:
+        return int(headers.get(b"content-length", b"0")) > max_bytes
+    except ValueError:
+        return True
+
+
+def _decompress(encoding: str, body: bytes, limit: int) -> bytes:
+    if encoding in ("", "identity"):
+        return body
+    if encoding == "zstd":
+        try:
+            from compression import zstd  # Python 3.14+
+        except ImportError:
+            from backports import zstd
+        out = zstd.ZstdDecompressor().decompress(body, max_length=limit + 1)
+    elif encoding in ("gzip", "x-gzip"):
+        out = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(body, limit + 1)
+    elif encoding == "deflate":
+        out = zlib.decompressobj().decompress(body, limit + 1)
+    else:
+        raise LookupError(encoding)
+    if len(out) > limit:
+        raise OverflowError
+    return out
+
+
+async def _respond(send, status: int, error_type: str, message: str) -> None:
+    raw = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw})
+

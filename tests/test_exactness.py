@@ -1,0 +1,178 @@
+"""Exactness and isolation of the one-pass engine, on tiny random Llama and Qwen2 models.
+
+Each invariance is checked to max |Δp| <= 1e-4 in fp32, and the checks are shown to be able to fail: a
+leaky mask (branches that see each other) moves answers by far more than the tolerance."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from prefill.backends import causal_lm
+from prefill.engine import Engine
+from prefill.schema import Choice, Noul, Score
+
+from .conftest import make_backend
+
+TOL = 1e-4
+STATE = "I was charged twice for my March invoice and the refund has not arrived. Please fix this today."
+QUESTIONS = {
+    "refund": Noul("Is the customer asking for money back?"),
+    "threat": Noul(criteria={"true": "The customer threatens a chargeback"}),
+    "team": Choice("Which team should handle this ticket?",
+                   {"Billing": "Payments, invoices, refunds", "Technical": ["bugs", "outages"], "Sales": None}),
+    "fraud": Choice("What is this?", ["fraud", "fraud review", "not fraud"]),
+    "anger": Score("How angry is the customer?", ["calm", "annoyed", {"label": "very angry"}]),
+}
+
+
+def probs(answer) -> list[float]:
+    if answer.type == "noul":
+        return [answer.noul]
+    return list(answer.probabilities.values())
+
+
+def max_delta(a: dict, b: dict) -> float:
+    return max(max(abs(x - y) for x, y in zip(probs(a[k]), probs(b[k]))) for k in a)
+
+
+def test_answers_are_distributions_over_declared_options(tiny_engine):
+    answers, usage = tiny_engine.ask(STATE, QUESTIONS)
+    assert set(answers) == set(QUESTIONS)
+    for qid, a in answers.items():
+        q = QUESTIONS[qid]
+        assert a.type == q.type
+        if a.type == "choice":
+            assert list(a.probabilities) == list(q.criteria)
+            assert a.choice in q.criteria
+            assert abs(sum(a.probabilities.values()) - 1) < 1e-9
+    assert usage.input_tokens > 0 and usage.output_tokens == 0
+
+
+def test_packed_equals_each_question_alone(tiny_engine):
+    together, _ = tiny_engine.ask(STATE, QUESTIONS)
+    for qid, q in QUESTIONS.items():
+        alone, _ = tiny_engine.ask(STATE, {qid: q})
+        assert max_delta(alone, {qid: together[qid]}) <= TOL
+
+
+def test_question_order_and_ids_do_not_matter(tiny_engine):
+    base, _ = tiny_engine.ask(STATE, QUESTIONS)
+    items = list(QUESTIONS.items())
+    random.Random(1).shuffle(items)
+    renamed = {f"renamed {i} 🙂": q for i, (_, q) in enumerate(items)}
+    shuffled, _ = tiny_engine.ask(STATE, renamed)
+    back = {qid: shuffled[f"renamed {i} 🙂"] for i, (qid, _) in enumerate(items)}
+    assert max_delta(base, back) <= TOL
+
+
+def test_option_order_does_not_change_any_probability(tiny_engine):
+    q = QUESTIONS["team"]
+    reversed_q = Choice(q.instructions, dict(reversed(list(q.criteria.items()))))
+    a = tiny_engine.ask(STATE, {"q": q})[0]["q"]
+    b = tiny_engine.ask(STATE, {"q": reversed_q})[0]["q"]
+    assert list(b.probabilities) == list(reversed_q.criteria)  # keys follow the request's order
+    for name in q.criteria:
+        assert abs(a.probabilities[name] - b.probabilities[name]) <= TOL
+    assert a.choice == b.choice
+
+
+def test_chunking_does_not_change_answers(tiny_model, tokenizer):
+    one_chunk = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=100_000))
+    tiny_chunks = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=1))  # every question alone
+    a, _ = one_chunk.ask(STATE, QUESTIONS)
+    b, _ = tiny_chunks.ask(STATE, QUESTIONS)
+    assert one_chunk.backend.forward_calls == 2          # the state, then one packed pass
+    assert tiny_chunks.backend.forward_calls == 1 + len(QUESTIONS)
+    assert max_delta(a, b) <= TOL
+
+
+def test_packed_equals_rows(tiny_model, tokenizer):
+    packed = Engine(make_backend(tiny_model, tokenizer, packing="packed"))
+    rows = Engine(make_backend(tiny_model, tokenizer, packing="rows"))
+    assert max_delta(packed.ask(STATE, QUESTIONS)[0], rows.ask(STATE, QUESTIONS)[0]) <= TOL
+
+
+def test_scores_equal_full_sequence_likelihood(tiny_model, tokenizer):
+    """Each answer's score is exactly log P(answer tokens | state + prompt), as a plain uncached
+    forward over the concatenated sequence computes it."""
+    backend = make_backend(tiny_model, tokenizer)
+    state = backend.renderer.state(STATE)
+    branches = [backend.renderer.question(q) for q in QUESTIONS.values()]
+    scores = backend.score(state, branches)
+    for b, per_answer in zip(branches, scores):
+        for answer, got in zip(b.answers, per_answer):
+            seq = list(state) + list(b.prompt) + list(answer)
+            with torch.no_grad():
+                logits = tiny_model(torch.tensor([seq])).logits[0].float()
+            logp = torch.log_softmax(logits, -1)
+            start = len(state) + len(b.prompt)
+            want = sum(float(logp[start + k - 1, t]) for k, t in enumerate(answer))
+            assert abs(got - want) < 1e-3
+
+
+def test_shared_first_tokens_are_told_apart(tiny_engine, tokenizer):
+    q = QUESTIONS["fraud"]
+    first = {tokenizer(n, add_special_tokens=False).input_ids[0] for n in q.criteria}
+    assert len(first) < len(q.criteria)  # the options really do collide on their first token
+    a = tiny_engine.ask(STATE, {"q": q})[0]["q"]
+    p = a.probabilities
+    assert abs(p["fraud"] - p["fraud review"]) > 1e-3  # a first-token readout would tie these exactly
+
+
+def test_255_options(tiny_engine):
+    options = {"Billing": "Payments", **{f"Queue {i:03d}": f"Tickets for queue {i}" for i in range(1, 255)}}
+    a = tiny_engine.ask(STATE, {"q": Choice("Which queue?", options)})[0]["q"]
+    assert len(a.probabilities) == 255 and a.choice in options
+    assert abs(sum(a.probabilities.values()) - 1) < 1e-9
+
+
+def test_leaky_mask_is_detected(tiny_model, tokenizer, monkeypatch):
+    """Fault injection: if branches could see each other, the invariance checks above would fail."""
+    engine = Engine(make_backend(tiny_model, tokenizer))
+    alone = {qid: engine.ask(STATE, {qid: q})[0][qid] for qid, q in QUESTIONS.items()}
+    monkeypatch.setattr(causal_lm._Tree, "visibility", lambda self: torch.ones(len(self.ids), len(self.ids)).tril().bool())
+    leaked, _ = engine.ask(STATE, QUESTIONS)
+    assert max_delta(alone, leaked) > 100 * TOL
+
+
+def test_wrong_positions_are_detected(tiny_model, tokenizer, monkeypatch):
+    """Fault injection: branch positions that run on instead of restarting from the parent change answers."""
+    engine = Engine(make_backend(tiny_model, tokenizer))
+    alone = {qid: engine.ask(STATE, {qid: q})[0][qid] for qid, q in QUESTIONS.items()}
+    build = causal_lm._Tree.build
+
+    def running_positions(chunk, n_state):
+        t = build(chunk, n_state)
+        t.positions = list(range(n_state, n_state + len(t.ids)))
+        return t
+    monkeypatch.setattr(causal_lm._Tree, "build", staticmethod(running_positions))
+    wrong, _ = engine.ask(STATE, QUESTIONS)
+    assert max_delta(alone, wrong) > 100 * TOL
+
+
+def test_never_generates(tiny_model, tokenizer, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("generate must never be called")
+    monkeypatch.setattr(tiny_model, "generate", refuse)
+    engine = Engine(make_backend(tiny_model, tokenizer))
+    engine.ask(STATE, QUESTIONS)
+    assert engine.backend.forward_calls == 2  # one pass for the state, one for every question and answer
+
+
+def test_identical_questions_are_scored_once(tiny_engine):
+    answers, usage = tiny_engine.ask(STATE, {"a": QUESTIONS["team"], "b": QUESTIONS["team"]})
+    single, usage1 = tiny_engine.ask(STATE, {"a": QUESTIONS["team"]})
+    assert answers["a"] == answers["b"]
+    assert usage.input_tokens == usage1.input_tokens
+
+
+@pytest.mark.parametrize("n_questions", [300])
+def test_many_questions_bounded_chunks(tiny_model, tokenizer, n_questions):
+    engine = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=512))
+    qs = {f"q{i}": Noul(f"Is item {i} mentioned?") for i in range(n_questions)}
+    answers, _ = engine.ask(STATE, qs)
+    assert len(answers) == n_questions
+    alone = engine.ask(STATE, {"q7": qs["q7"]})[0]["q7"]
+    assert abs(alone.noul - answers["q7"].noul) <= TOL
