@@ -71,6 +71,7 @@ def _ask(args) -> int:
     from pydantic import TypeAdapter, ValidationError
 
     from .engine import RequestTooLarge
+    from .loading import ModelNotFound
     from .schema import Question, SystemOneResponse
     try:
         state = _read(args.state, as_json=False)
@@ -78,10 +79,10 @@ def _ask(args) -> int:
     except (OSError, json.JSONDecodeError, ValidationError) as e:
         print(f"prefill ask: {e}", file=sys.stderr)
         return 2
-    pf = _prefill(args)
     try:
+        pf = _prefill(args)
         answers, usage = pf.engine.ask(state, questions)
-    except RequestTooLarge as e:
+    except (ModelNotFound, RequestTooLarge) as e:
         print(f"prefill ask: {e}", file=sys.stderr)
         return 2
     out = SystemOneResponse(model=pf.name, answers=answers, usage=usage) if args.usage else answers

@@ -12,6 +12,7 @@ text to the model; only the chat template's own pieces may carry special tokens.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +176,7 @@ class Renderer:
 
     def __init__(self, tokenizer: Any, chat: bool | None = None):
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat = has_template if chat is None else (chat and has_template)
         if self.chat:
@@ -183,11 +185,19 @@ class Renderer:
             bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
             self.format = PromptFormat.plain(bos or "")
 
+    def _encode(self, text: str, split_special: bool) -> list[int]:
+        if not text:
+            return []
+        # Locked: HF fast tokenizers implement split_special_tokens by flipping a flag on the shared Rust
+        # tokenizer, so concurrent calls could tokenize a template's <|im_end|> as plain text.
+        with self._lock:
+            return self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special).input_ids
+
     def _trusted(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False).input_ids if text else []
+        return self._encode(text, split_special=False)
 
     def _user(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids if text else []
+        return self._encode(text, split_special=True)
 
     def count(self, text: str) -> int:
         return len(self._user(text))

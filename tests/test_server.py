@@ -1,0 +1,192 @@
+"""The HTTP contract, on a tiny model: shapes, errors (4xx, never 5xx), auth, limits, encodings."""
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prefill.engine import Engine
+from prefill.server import create_app
+
+from .conftest import make_backend, make_model
+
+NOUL = {"type": "noul", "instructions": "Is the customer asking for money back?"}
+CHOICE = {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "Invoices", "Technical": None, "환불 🙂": ["x"]}}
+SCORE = {"type": "score", "instructions": "How angry?", "criteria": ["Calm", {"label": "Annoyed"}, ["Very", "angry"]]}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):  # the HTTP layer is model-agnostic: one architecture is enough here
+    return make_model("llama", len(tokenizer))
+
+
+@pytest.fixture
+def engine(tiny_model, tokenizer):
+    return Engine(make_backend(tiny_model, tokenizer))
+
+
+@pytest.fixture
+def client(engine):
+    with TestClient(create_app(engine), raise_server_exceptions=False) as c:
+        yield c
+
+
+def body(questions, **extra):
+    return {"model": "jev-latest", "state": "I was charged twice.", "questions": questions, **extra}
+
+
+def test_answers_every_type(client):
+    r = client.post("/v1/systemone", json=body({"r": NOUL, "t": CHOICE, "a": SCORE}, x_trace="ignored"))
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["model"] == "tiny" and set(data["answers"]) == {"r", "t", "a"}
+    assert 0 <= data["answers"]["r"]["noul"] <= 1
+    t = data["answers"]["t"]
+    assert list(t["probabilities"]) == list(CHOICE["criteria"]) and t["choice"] in CHOICE["criteria"]
+    a = data["answers"]["a"]
+    assert a["legend"] == {"0": "Calm", "1": {"label": "Annoyed"}, "2": ["Very", "angry"]}
+    assert abs(a["score"] - sum(int(k) * p for k, p in a["probabilities"].items())) < 1e-9
+    assert isinstance(data["usage"]["input_tokens"], int) and data["usage"]["input_tokens"] > 0
+
+
+def test_state_forms(client):
+    for state in ["text", {"subject": "x", "body": {"a": [1, 2]}}, ["a", "b"]]:
+        assert client.post("/v1/systemone", json={**body({"r": NOUL}), "state": state}).status_code == 200
+
+
+def test_models_and_health(client):
+    models = client.get("/v1/models").json()["models"]
+    assert [m["name"] for m in models] == ["tiny", "jev-latest", "jev-preview"]
+    assert all(m["release_date"] == "2026-11-29" for m in models)
+    assert client.get("/health").json() == {"status": "ok", "model": "tiny"}
+
+
+@pytest.mark.parametrize("bad", [
+    {"model": "jev-latest", "questions": {"r": NOUL}},                                   # no state
+    body({}),                                                                             # no questions
+    body({"r": {"instructions": "x"}}),                                                   # no type
+    body({"r": {"type": "boolean", "instructions": "x"}}),                                # unknown type
+    body({"r": {"type": "box"}}),                                                         # not served
+    body({"t": {"type": "choice", "criteria": {"only": None}}}),                         # 1 option
+    body({"t": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}),    # 256 options
+    body({"t": {"type": "choice", "criteria": {"": None, "b": None}}}),                  # empty option name
+    body({"a": {"type": "score", "criteria": ["one"]}}),                                 # 1 level
+    body({"a": {"type": "score", "criteria": [str(i) for i in range(11)]}}),              # 11 levels
+    body({"a": {"type": "score", "criteria": {"0": "calm", "1": "angry"}}}),              # map form
+    body({"a": {"type": "score", "criteria": ["calm", None]}}),                          # null level
+    body({"r": {"type": "noul", "criteria": {"maybe": "x"}}}),                           # unknown noul side
+    body({"r": {"type": "noul", "instructions": 5}}),                                   # a number is not text
+    body({"": NOUL}),                                                                     # empty id
+    {**body({"r": NOUL}), "state": None},
+    {**body({"r": NOUL}), "state": 12},
+    [1, 2, 3],
+])
+def test_invalid_requests_get_422_detail_list(client, bad):
+    r = client.post("/v1/systemone", json=bad)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert isinstance(detail, list) and all({"loc", "msg", "type"} <= set(d) for d in detail)
+
+
+def test_malformed_json_is_422(client):
+    r = client.post("/v1/systemone", content=b'{"model": "jev-latest", "state": ', headers={"content-type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_deep_nesting_is_not_a_5xx(client):
+    deep = "[" * 5000 + "]" * 5000
+    r = client.post("/v1/systemone", content=('{"model":"jev-latest","state":' + deep + ',"questions":{"r":{"type":"noul"}}}').encode(),
+                    headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+
+
+def test_unknown_model_is_404_with_error_shape(client):
+    r = client.post("/v1/systemone", json={**body({"r": NOUL}), "model": "gpt-9"})
+    assert r.status_code == 404
+    assert r.json()["detail"]["error_type"] == "not_found_error" and "gpt-9" in r.json()["detail"]["message"]
+
+
+def test_unknown_route_has_error_shape(client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and set(r.json()["detail"]) == {"error_type", "message"}
+
+
+def test_over_the_token_limit_is_413_naming_the_limit(tiny_model, tokenizer):
+    engine = Engine(make_backend(tiny_model, tokenizer), max_request_tokens=200)
+    with TestClient(create_app(engine)) as c:
+        r = c.post("/v1/systemone", json=body({"r": NOUL, "t": CHOICE}))
+    assert r.status_code == 413
+    assert r.json()["detail"]["error_type"] == "request_too_large" and "200" in r.json()["detail"]["message"]
+
+
+def test_over_the_context_is_413(client):
+    r = client.post("/v1/systemone", json={**body({"r": NOUL}), "state": "refund " * 20000})
+    assert r.status_code == 413 and "context" in r.json()["detail"]["message"]
+
+
+def test_auth(engine):
+    with TestClient(create_app(engine, api_keys=["k1", "k2"])) as c:
+        missing = c.post("/v1/systemone", json=body({"r": NOUL}))
+        wrong = c.post("/v1/systemone", json=body({"r": NOUL}), headers={"Authorization": "Bearer nope"})
+        ok = c.post("/v1/systemone", json=body({"r": NOUL}), headers={"Authorization": "Bearer k2"})
+        models_without = c.get("/v1/models")
+    assert missing.status_code == 401 and missing.json()["detail"]["error_type"] == "authentication_error"
+    assert wrong.status_code == 401 and wrong.json()["detail"]["error_type"] == "authentication_error"
+    assert ok.status_code == 200
+    assert models_without.status_code == 401
+
+
+def test_auth_off_accepts_any_authorization_header(client):
+    r = client.post("/v1/systemone", json=body({"r": NOUL}), headers={"Authorization": "Bearer whatever"})
+    assert r.status_code == 200
+
+
+def test_compressed_bodies(client):
+    from backports import zstd
+    raw = json.dumps(body({"r": NOUL})).encode()
+    plain = client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"}).json()
+    for encoding, data in [("zstd", zstd.compress(raw)), ("gzip", gzip.compress(raw))]:
+        r = client.post("/v1/systemone", content=data, headers={"content-type": "application/json", "content-encoding": encoding})
+        assert r.status_code == 200, r.text
+        assert r.json() == plain
+    assert client.post("/v1/systemone", content=raw, headers={"content-encoding": "br"}).status_code == 415
+    assert client.post("/v1/systemone", content=b"not zstd", headers={"content-encoding": "zstd"}).status_code == 400
+
+
+def test_loading_then_ready(engine):
+    def slow_loader():
+        time.sleep(0.5)
+        return engine
+    with TestClient(create_app(slow_loader)) as c:
+        early = c.post("/v1/systemone", json=body({"r": NOUL}))
+        assert early.status_code == 503 and early.headers["retry-after"]
+        assert c.get("/health").status_code == 503
+        for _ in range(50):
+            if c.get("/health").status_code == 200:
+                break
+            time.sleep(0.1)
+        assert c.post("/v1/systemone", json=body({"r": NOUL})).status_code == 200
+
+
+def test_failed_load_is_reported(engine):
+    def broken():
+        raise RuntimeError("no weights")
+    with TestClient(create_app(broken)) as c:
+        time.sleep(0.2)
+        h = c.get("/health")
+        assert h.status_code == 503 and "no weights" in h.json()["error"]
+        r = c.post("/v1/systemone", json=body({"r": NOUL}))
+        assert r.status_code == 503 and r.json()["detail"]["error_type"] == "model_unavailable"
+
+
+def test_concurrent_requests_are_all_answered(client):
+    from concurrent.futures import ThreadPoolExecutor
+    payloads = [body({f"q{i}": NOUL, "t": CHOICE}) for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: client.post("/v1/systemone", json=p), payloads))
+    assert [r.status_code for r in results] == [200] * 16
+    first = results[0].json()["answers"]["t"]
+    assert all(r.json()["answers"]["t"] == first for r in results)
