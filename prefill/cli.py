@@ -52,7 +52,13 @@ def _prefill(args):
 def _serve(args) -> int:
     import uvicorn
 
+    from .loading import ModelNotFound, resolve
     from .server import create_app
+    try:
+        resolve(args.model)  # a wrong path or a missing default model fails now, not in the background
+    except ModelNotFound as e:
+        print(f"prefill serve: {e}", file=sys.stderr)
+        return 2
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
     app = create_app(lambda: _prefill(args).engine, api_keys=keys)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -9,7 +9,12 @@ the branch were alone. So a question packed with a thousand others sees exactly 
 An answer's score is the log-likelihood of its whole token sequence, end-of-answer marker included:
 log P("fraud review<|im_end|>") is the probability that the model says exactly that and stops, so
 options of any length, and options that share first tokens ("fraud" vs "fraud review"), are scored
-exactly. Reading only the first token instead ties such options (both start with "fraud").
+exactly. Reading only the first token instead ties such options (both start with "fraud"), and it is also
+worse where it does not tie. Measured with `python -m benchmarks.readout --per-family 20` (SmolLM2-135M,
+sys1bench's five policy-labelled families, 400 questions): whole sequence vs first token, chat template,
+accuracy 0.22 vs 0.15 on choice and 0.625 vs 0.445 on noul, log loss 2.94 vs 3.11 and 0.66 vs 0.75; score
+accuracy is at chance either way (0.19 vs 0.18). The chat template beats a plain prompt on choice and noul
+(noul accuracy 0.625 vs 0.35), so it is used whenever the tokenizer has one.
 
 Models whose layers ignore attention masks (recurrent or linear-attention hybrids), and sliding-window
 models whose context outruns the window, are run as rows instead: each (question, answer) is a row
