@@ -37,9 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
     ask.add_argument("--usage", action="store_true", help="print the whole response, usage included")
 
+    bench = sub.add_parser("bench", help="measure speed against generation and per-question passes (see prefill/bench.py)")
+    model_options(bench)
+    from .bench import add_arguments
+    add_arguments(bench)
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "bench":
+        from .bench import run
+        print(json.dumps(run(args), indent=2))
+        return 0
     return _ask(args)
 
 

@@ -1,15 +1,24 @@
 """The speed harness works end to end (a smoke run on a tiny model; benchmarks are not timed tests)."""
 from __future__ import annotations
 
-from benchmarks import speed
+import json
+import subprocess
+import sys
 
 from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a directory
 
 
-def test_speed_harness_smoke(model_dir):  # noqa: F811
-    report = speed.main(["--model", str(model_dir), "--quick"])
+def test_bench_quick_smoke(model_dir, tmp_path):  # noqa: F811
+    run = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
     s = report["semif"]
-    assert s["questions"] == 3 and s["prefill_tokens"] > 0 and s["per_question_tokens"] > s["prefill_tokens"]
-    assert s["generate_new_tokens"] > 0 and s["prefill_s"] > 0
-    assert report["overhead"]["tokens"] == s["prefill_tokens"] and report["overhead"]["ratio"] > 0
-    assert [r["questions"] for r in report["scaling"]] == [1, 3]
+    assert s["questions"] == 3 and s["prefill_tokens"] > s["state_tokens"] > 0
+    assert s["pass_per_question_tokens"] > s["prefill_tokens"] and s["generate_new_tokens"] > 0
+    assert s["http_request_per_question_s"] > 0
+    assert report["overhead"]["tokens"] == s["prefill_tokens"]
+    assert [r["questions"] for r in report["scale_questions"]] == [1, 3]
+    assert {r["names"] for r in report["scale_options"]} == {"short", "multi-token"}
+    assert report["http"]["completed"] == 4 and report["http"]["failed"] == 0
+    assert (tmp_path / "latency_vs_questions.png").read_bytes()[:4] == b"\x89PNG"

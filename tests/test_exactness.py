@@ -176,3 +176,19 @@ def test_many_questions_bounded_chunks(tiny_model, tokenizer, n_questions):
     assert len(answers) == n_questions
     alone = engine.ask(STATE, {"q7": qs["q7"]})[0]["q7"]
     assert abs(alone.noul - answers["q7"].noul) <= TOL
+
+
+def test_cached_state_gives_identical_answers(tiny_model, tokenizer):
+    cached = Engine(make_backend(tiny_model, tokenizer))
+    uncached = Engine(make_backend(tiny_model, tokenizer, state_cache_tokens=0))
+    first, _ = cached.ask(STATE, QUESTIONS)
+    calls = cached.backend.forward_calls
+    again, _ = cached.ask(STATE, {"team": QUESTIONS["team"]})
+    assert cached.backend.forward_calls == calls + 1  # the state was not read again
+    assert max_delta(again, {"team": first["team"]}) <= TOL  # alone vs packed: rounding only
+    fresh, _ = uncached.ask(STATE, QUESTIONS)
+    uncached.ask(STATE, QUESTIONS)
+    assert uncached.backend.forward_calls == 4
+    assert fresh == first
+    cached.ask("another state", {"r": QUESTIONS["refund"]})  # a second state cached beside the first
+    assert cached.ask(STATE, QUESTIONS)[0] == first

@@ -23,6 +23,7 @@ continuing from a copy of the cached state, which needs no mask beyond the causa
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -37,10 +38,20 @@ RECURRENT_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_g
 
 
 class CausalLMBackend:
-    """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`."""
+    """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`.
+
+    chunk_tokens=512: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
+    smaller chunks waste less; below that the per-pass overhead wins. Measured on SmolLM2-135M, 2 cores, a
+    448-token state, 100 yes/no questions: 128 → 7.6 s, 256 → 6.4 s, 512 → 6.1 s, 1024 → 6.3 s, 2048 → 7.3 s
+    (21 questions: 1.77 / 1.60 / 1.55 / 1.54 / 1.54 s).
+
+    The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
+    out first), so further requests about the same state skip re-reading it; the results are identical.
+    """
 
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
-                 chat: bool | None = None, packing: str = "auto", chunk_tokens: int = 2048):
+                 chat: bool | None = None, packing: str = "auto", chunk_tokens: int = 512,
+                 state_cache_tokens: int = 16384):
         self.model = model.eval()
         self.name = name
         self.description = description or f"{name} (causal LM, one prefill pass)"
@@ -56,6 +67,8 @@ class CausalLMBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.forward_calls = 0  # forward passes run: the state, then one per chunk
+        self.state_cache_tokens = state_cache_tokens
+        self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
 
     # -- the interface
     @torch.inference_mode()
@@ -70,10 +83,18 @@ class CausalLMBackend:
 
     # -- the state, once
     def _run_state(self, state: Sequence[int]) -> DynamicCache:
+        key = tuple(state)
+        if key in self._states:
+            self._states.move_to_end(key)
+            return self._states[key]
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([list(state)], device=self.device)
         self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         self.forward_calls += 1
+        if len(key) <= self.state_cache_tokens:
+            self._states[key] = cache
+            while sum(len(k) for k in self._states) > self.state_cache_tokens:
+                self._states.popitem(last=False)
         return cache
 
     # -- packed: one sequence, a tree mask

@@ -1,0 +1,347 @@
+"""`prefill bench`: speed, measured as ratios in one run (same model, same machine, after warm-up, median
+of several runs). Benchmarks are not timed tests: CI runs `prefill bench --quick` on a tiny model to check
+that the harness works, and the README's numbers come from a full run of this command.
+
+1. The SemIf protocol: 21 yes/no questions on one ~450-token state. prefill (one request) against
+   generating all answers as one JSON object with the same model (greedy `generate`, KV cache on), one
+   pass per question (each re-reading the state), and one HTTP request per question to prefill itself.
+2. Scaling: latency and peak memory against questions per request, state length and option count.
+3. Overhead: the engine against a bare model forward over the same number of tokens.
+4. HTTP: p50/p99 latency and throughput with concurrent clients on loopback (bounded count and time).
+5. A plot of latency against questions per request (PNG).
+
+Every timing reads the state afresh (the state cache is emptied before each run), except where a row
+says `warm`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .api import Prefill
+from .schema import Choice, Noul
+
+STATE = (
+    "Ticket #88213 from Dana Whitfield (enterprise plan, customer since 2019, account in good standing). "
+    "Subject: Charged twice, refund still missing, considering cancelling. "
+    "Dana writes: On March 3rd I was charged $1,240 twice for our annual renewal (invoice INV-20931). Your billing "
+    "agent, Marco, promised on March 5th that the duplicate charge would be refunded within five business days. "
+    "It is now March 19th and nothing has arrived. I have emailed four times and called twice; each time I was "
+    "told someone would get back to me, and nobody did. Meanwhile our finance team has flagged the duplicate and "
+    "is asking me to explain it. I also noticed that since the update last week the export to CSV produces an "
+    "empty file for reports longer than 30 days, which blocks our month-end close. Our team of 45 people depends "
+    "on these exports. If the refund is not processed by Friday I will dispute the charge with our bank and we "
+    "will move to a competitor at renewal. I would also like to know whether you offer a discount for moving to "
+    "the multi-year plan, since we were considering it before all this happened. Please also make sure my "
+    "colleague Priya Raman (priya.raman@example.com) is copied on all replies, as she handles our vendor "
+    "payments. Attached: bank statement excerpt (PDF), screenshot of the empty export. "
+    "Previous interactions: two tickets in the past year, both resolved within a day; satisfaction rating 5/5. "
+    "Account notes: enterprise SLA requires a first response within 4 business hours; assigned CSM is Tom Okafor.")
+
+QUESTIONS = [
+    "Is the customer asking for money back?", "Was the customer charged more than once?",
+    "Does the customer threaten to dispute the charge with a bank?", "Does the customer threaten to leave?",
+    "Is the customer on an enterprise plan?", "Does the ticket report a software bug?",
+    "Does the customer ask about pricing or discounts?", "Does the customer mention a deadline?",
+    "Has the customer contacted support before about this issue?", "Is the customer angry or frustrated?",
+    "Does the ticket mention an attachment?", "Does the customer ask to copy someone on replies?",
+    "Is a specific invoice number mentioned?", "Is the customer asking to cancel immediately?",
+    "Does the ticket mention a named support agent?", "Is the amount charged over $1,000?",
+    "Does the issue block the customer's work?", "Is this the customer's first ticket ever?",
+    "Does the customer praise the product?", "Does the ticket contain an email address?",
+    "Should this ticket be escalated to a manager?",
+]
+
+
+# ---------------------------------------------------------------- measuring
+
+class PeakMemory:
+    """Peak resident memory above the starting point while the block runs (sampled every 2 ms)."""
+
+    def __enter__(self) -> PeakMemory:
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def mib(self) -> float:
+        return round((self.peak - self.start) / 2**20, 1)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def timed(fn, repeats: int, cold: Prefill | None = None) -> tuple[float, object]:
+    """Median seconds over `repeats` runs after one warm-up (none for a single run: the long cases), and
+    the last result. With `cold`, that engine's state cache is emptied before every run, so each run
+    reads its state afresh."""
+    def run():
+        if cold is not None:
+            cold.backend._states.clear()
+        return fn()
+    if repeats > 1:
+        run()
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = run()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def nouls(n: int) -> dict[str, Noul]:
+    return {f"q{i}": Noul(QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (item {i})"))
+            for i in range(n)}
+
+
+# ---------------------------------------------------------------- 1. the SemIf protocol
+
+def generate_json(pf: Prefill, state: str, questions: list[str], max_new_tokens: int) -> tuple[dict[int, bool], int, int]:
+    """The vanilla-decode baseline: one JSON object with every answer, greedy, KV cache on. The reply is
+    started with `{"1":` so that a small model keeps to JSON; lines like `3. Yes` are parsed as well."""
+    tok = pf.backend.renderer.tokenizer
+    listing = "\n".join(f"{i + 1}. {q}" for i, q in enumerate(questions))
+    prompt = (f"Text:\n{state}\n\nAnswer each question about the text with true or false. Reply with one JSON "
+              f'object mapping each question number to true or false, like {{"1": true, "2": false}}.\n\n{listing}')
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    ids = tok(text + '{"1":', add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = pf.backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                        do_sample=False, pad_token_id=tok.eos_token_id)
+    reply = '{"1":' + tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    found = re.findall(r'"?(\d+)"?\s*[:.]\s*"?(true|false|yes|no)\b', reply, re.I)
+    parsed = {int(k): v.lower() in ("true", "yes") for k, v in found}
+    return parsed, int(ids.shape[1]), int(out.shape[1] - ids.shape[1])
+
+
+def semif(pf: Prefill, repeats: int, n_questions: int, max_new_tokens: int, url: str | None) -> dict:
+    questions = nouls(n_questions)
+    t_one, (answers, usage) = timed(lambda: pf.engine.ask(STATE, questions), repeats, cold=pf)
+    t_each, each = timed(lambda: [pf.engine.ask(STATE, {k: q}) for k, q in questions.items()], repeats, cold=pf)
+    t_gen, (parsed, prompt_tokens, new_tokens) = timed(
+        lambda: generate_json(pf, STATE, QUESTIONS[:n_questions], max_new_tokens), max(1, repeats // 2))
+    ours = [answers[f"q{i}"].noul >= 0.5 for i in range(n_questions)]
+    row = {
+        "questions": n_questions, "state_tokens": len(pf.backend.renderer.state(STATE)),
+        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens,
+        "pass_per_question_s": round(t_each, 3), "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
+        "generate_json_s": round(t_gen, 3), "generate_prompt_tokens": prompt_tokens, "generate_new_tokens": new_tokens,
+        "generate_answers_parsed": len(parsed),
+        "generate_agrees_with_prefill": sum(parsed.get(i + 1) == ours[i] for i in range(n_questions)),
+        "speedup_vs_generate": round(t_gen / t_one, 2), "speedup_vs_pass_per_question": round(t_each / t_one, 2),
+    }
+    t_warm, _ = timed(lambda: pf.engine.ask(STATE, questions), repeats)
+    row["prefill_warm_state_s"] = round(t_warm, 3)
+    if url:
+        import httpx
+        with httpx.Client(base_url=url, timeout=600) as client:
+            def per_request():
+                for k, q in questions.items():
+                    pf.backend._states.clear()  # each request reads its state afresh
+                    r = client.post("/v1/systemone", json={"model": "jev-latest", "state": STATE,
+                                                           "questions": {k: q.model_dump(exclude_none=True)}})
+                    r.raise_for_status()
+            t_http, _ = timed(per_request, max(1, repeats // 2))
+        row["http_request_per_question_s"] = round(t_http, 3)
+        row["speedup_vs_http_request_per_question"] = round(t_http / t_one, 2)
+    return row
+
+
+# ---------------------------------------------------------------- 2. scaling
+
+def scale_questions(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
+    rows = []
+    for n in counts:
+        qs = nouls(n)
+        with PeakMemory() as mem:
+            t, (_, usage) = timed(lambda: pf.engine.ask(STATE, qs), repeats if n <= 100 else 1, cold=pf)
+        rows.append({"questions": n, "seconds": round(t, 3), "tokens": usage.input_tokens,
+                     "ms_per_question": round(1000 * t / n, 2), "peak_extra_mib": mem.mib})
+    return rows
+
+
+def state_of(pf: Prefill, tokens: int) -> str:
+    """A state of about `tokens` tokens: the ticket repeated, cut on a token boundary."""
+    tok = pf.backend.renderer.tokenizer
+    ids = tok((STATE + "\n") * (tokens // 300 + 2), add_special_tokens=False).input_ids[:tokens]
+    return tok.decode(ids)
+
+
+def scale_state(pf: Prefill, lengths: list[int], repeats: int, n_questions: int) -> list[dict]:
+    rows = []
+    for length in lengths:
+        state = state_of(pf, length)
+        for n in (1, n_questions):
+            qs = nouls(n)
+            with PeakMemory() as mem:
+                t, (_, usage) = timed(lambda: pf.engine.ask(state, qs), repeats, cold=pf)
+            rows.append({"state_tokens": length, "questions": n, "seconds": round(t, 3),
+                         "tokens": usage.input_tokens, "peak_extra_mib": mem.mib})
+    return rows
+
+
+def scale_options(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
+    rows = []
+    for kind in ("short", "multi-token"):
+        for n in counts:
+            names = [f"Q{i:03d}" if kind == "short" else f"Queue {i:03d} for regional billing disputes"
+                     for i in range(n)]
+            q = {"q": Choice("Which queue should this ticket go to?", names)}
+            with PeakMemory() as mem:
+                t, (_, usage) = timed(lambda: pf.engine.ask(STATE, q), repeats, cold=pf)
+            rows.append({"options": n, "names": kind, "seconds": round(t, 3), "tokens": usage.input_tokens,
+                         "peak_extra_mib": mem.mib})
+    return rows
+
+
+# ---------------------------------------------------------------- 3. overhead
+
+def overhead(pf: Prefill, repeats: int, n_questions: int) -> dict:
+    """The engine (state + packed tree + readout) against one bare causal forward over as many tokens."""
+    qs = nouls(n_questions)
+    t_engine, (_, usage) = timed(lambda: pf.engine.ask(STATE, qs), repeats, cold=pf)
+    ids = torch.randint(0, pf.backend.model.config.vocab_size, (1, usage.input_tokens))
+
+    def bare():
+        with torch.inference_mode():
+            return pf.backend.model(input_ids=ids, logits_to_keep=1)
+    t_bare, _ = timed(bare, repeats)
+    return {"tokens": usage.input_tokens, "engine_s": round(t_engine, 3), "bare_forward_s": round(t_bare, 3),
+            "ratio": round(t_engine / t_bare, 2)}
+
+
+# ---------------------------------------------------------------- 4. HTTP
+
+class LocalServer:
+    """The System One app on a free loopback port, in a background thread."""
+
+    def __init__(self, pf: Prefill):
+        import uvicorn
+
+        from .server import create_app
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(create_app(pf.engine), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LocalServer:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def http_load(url: str, clients: int, requests: int, n_questions: int, max_seconds: float) -> dict:
+    """`requests` requests (distinct states, so none hits the state cache) from `clients` concurrent
+    clients, stopping early after `max_seconds`."""
+    import httpx
+    questions = {k: q.model_dump(exclude_none=True) for k, q in nouls(n_questions).items()}
+    deadline = time.monotonic() + max_seconds
+    latencies: list[float] = []
+    failures = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        nonlocal failures
+        if time.monotonic() > deadline:
+            return
+        with httpx.Client(base_url=url, timeout=600) as client:
+            t = time.perf_counter()
+            r = client.post("/v1/systemone", json={"model": "jev-latest", "state": f"[{i}] {STATE}", "questions": questions})
+            with lock:
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    failures += 1
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - start
+    latencies.sort()
+    q = lambda f: round(latencies[min(len(latencies) - 1, int(f * len(latencies)))], 3)  # noqa: E731
+    return {"clients": clients, "questions_per_request": n_questions, "completed": len(latencies), "failed": failures,
+            "p50_s": q(0.5), "p99_s": q(0.99), "requests_per_s": round(len(latencies) / wall, 3),
+            "questions_per_s": round(len(latencies) * n_questions / wall, 2)}
+
+
+# ---------------------------------------------------------------- 5. plot
+
+def plot(rows: list[dict], path: Path, model: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    xs = [r["questions"] for r in rows]
+    ax.plot(xs, [r["seconds"] for r in rows], "o-", label="one prefill request")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("yes/no questions per request (one shared state)")
+    ax.set_ylabel("latency, seconds")
+    ax.set_title(f"prefill latency vs questions ({model}, CPU)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+
+def run(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    pf = Prefill(args.model, dtype=args.dtype)
+    quick = args.quick
+    repeats = 1 if quick else args.repeats
+    n_q = 3 if quick else 21
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"model": pf.name, "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": quick}
+    with LocalServer(pf) as server:
+        report["semif"] = semif(pf, repeats, n_q, 8 if quick else 160, server.url)
+        report["overhead"] = overhead(pf, repeats, n_q)
+        report["scale_questions"] = scale_questions(pf, [1, 3] if quick else [1, 5, 21, 100, 1000, 5000], repeats)
+        report["scale_state"] = scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)
+        report["scale_options"] = scale_options(pf, [2, 4] if quick else [2, 16, 64, 255], repeats)
+        report["http"] = http_load(server.url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)
+    plot(report["scale_questions"], out / "latency_vs_questions.png", pf.name)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, one repeat")
+    p.add_argument("--out", default="bench-out", help="where bench.json and the PNG go")
