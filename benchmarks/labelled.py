@@ -1,28 +1,20 @@
-"""Labelled tasks that install offline: sys1bench's policy-labelled generators, as prefill questions.
+"""Labelled tasks that install offline: sys1bench's policy-labelled generators, written as prefill's
+labelled JSONL ({state, questions, gold, family} per line), for `prefill eval` and `prefill calibrate`.
 
-Each item is (state, {id: question}, {id: gold}) with gold an option name (choice), a level index
-(score) or a bool (noul)."""
+    python -m benchmarks.labelled --per-family 40 --seed 7 --out data/sys1bench-train.jsonl
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from prefill.schema import Choice, Noul, Score
+import argparse
+import json
+from pathlib import Path
 
 GENERATORS = ("support_tickets", "phishing_email", "log_triage", "policy_compliance", "guardrail_intent")
 
 
-@dataclass
-class Item:
-    family: str
-    state: Any
-    questions: dict[str, Noul | Choice | Score]
-    gold: dict[str, Any]
-
-
-def sys1bench_items(n_per_family: int, seed: int = 7, families: tuple[str, ...] = GENERATORS) -> list[Item]:
+def sys1bench_rows(n_per_family: int, seed: int = 7, families: tuple[str, ...] = GENERATORS) -> list[dict]:
     from sys1bench.generators import get_generator
-    items = []
+    rows = []
     for family in families:
         for task in get_generator(family, n=n_per_family, seed=seed).generate():
             questions, gold = {}, {}
@@ -30,27 +22,39 @@ def sys1bench_items(n_per_family: int, seed: int = 7, families: tuple[str, ...] 
                 if q.ground_truth is None:
                     continue
                 if q.type == "noul":
-                    questions[qid] = Noul(q.instructions)
+                    questions[qid] = {"type": "noul", "instructions": q.instructions}
+                    gold[qid] = bool(q.ground_truth)
                 elif q.type == "choice":
                     keys = [c.key for c in q.criteria]
                     if q.ground_truth not in keys:  # "none of the above" items: not a declared option
                         continue
-                    questions[qid] = Choice(q.instructions, {c.key: c.description or None for c in q.criteria})
+                    questions[qid] = {"type": "choice", "instructions": q.instructions,
+                                      "criteria": {c.key: c.description or None for c in q.criteria}}
+                    gold[qid] = q.ground_truth
                 else:
                     levels = [c.level for c in q.criteria]
-                    questions[qid] = Score(q.instructions, [c.description or str(c.level) for c in q.criteria])
+                    questions[qid] = {"type": "score", "instructions": q.instructions,
+                                      "criteria": [c.description or str(c.level) for c in q.criteria]}
                     gold[qid] = levels.index(q.ground_truth)
-                    continue
-                gold[qid] = q.ground_truth
             if questions:
-                items.append(Item(family, task.state, questions, gold))
-    return items
+                rows.append({"family": family, "state": task.state, "questions": questions, "gold": gold})
+    return rows
 
 
-def gold_index(question: Noul | Choice | Score, gold: Any) -> int:
-    """The gold answer as an index into the question's declared answers."""
-    if isinstance(question, Noul):
-        return 0 if gold else 1
-    if isinstance(question, Choice):
-        return list(question.criteria).index(gold)
-    return int(gold)
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-family", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--families", default=",".join(GENERATORS))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = sys1bench_rows(args.per_family, args.seed, tuple(args.families.split(",")))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"{len(rows)} items, {sum(len(r['questions']) for r in rows)} questions -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

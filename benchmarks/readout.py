@@ -18,9 +18,10 @@ from collections import defaultdict
 from prefill import loading
 from prefill.backends.causal_lm import CausalLMBackend
 from prefill.engine import softmax
+from prefill.evaluate import Item, gold_index, parse_questions
 from prefill.render import Branches
 
-from .labelled import gold_index, sys1bench_items
+from .labelled import sys1bench_rows
 
 
 def evaluate(backend: CausalLMBackend, items, first_token: bool) -> dict:
@@ -49,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     source = loading.resolve(args.model)
     model, tokenizer = loading.load(source)
-    items = sys1bench_items(args.per_family)
+    items = [Item(r["state"], parse_questions(r["questions"]), r["gold"]) for r in sys1bench_rows(args.per_family)]
     results = {}
     for chat in (True, False):
         backend = CausalLMBackend(model, tokenizer, source.name, chat=chat)

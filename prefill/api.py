@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, overload
 
 from . import loading
 from .backends.causal_lm import CausalLMBackend
+from .calibration import Calibration, shipped
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, Engine
 from .schema import Answer, Choice, Noul, Score
 
@@ -23,12 +25,17 @@ class Prefill:
     """A model, loaded once, that answers typed questions about a state in one prefill pass."""
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
-                 packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS):
+                 packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+                 calibration: str | Path | None = "auto"):
+        """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
+        cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
+        model), None serves the raw model probabilities."""
         source = loading.resolve(model)
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
-                                       chat=chat, packing=packing)
-        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens)
+                                       chat=chat, packing=packing, fingerprint=loading.fingerprint(source))
+        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
+                             calibration=find_calibration(calibration, self.backend.fingerprint))
 
     @classmethod
     def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:
@@ -51,3 +58,13 @@ class Prefill:
         if isinstance(questions, (Noul, Choice, Score)):
             return self.engine.ask(state, {"q": questions})[0]["q"]
         return self.engine.ask(state, questions)[0]
+
+
+def find_calibration(choice: str | Path | None, fingerprint: str) -> Calibration | None:
+    if choice is None:
+        return None
+    if choice == "auto":
+        cached = loading.cache_dir() / "calibration" / f"{fingerprint[:16]}.json"
+        path = cached if cached.is_file() else shipped(fingerprint)
+        return Calibration.load(path, fingerprint) if path else None
+    return Calibration.load(choice, fingerprint)

@@ -30,12 +30,29 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", action="append", default=[],
                        help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--calibration", default="auto",
+                       help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
 
     ask = sub.add_parser("ask", help="answer questions about a state, JSON out")
     model_options(ask)
     ask.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
     ask.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
     ask.add_argument("--usage", action="store_true", help="print the whole response, usage included")
+
+    ev = sub.add_parser("eval", help="evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG")
+    model_options(ev)
+    ev.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
+    ev.add_argument("--calibration", default="auto", help="auto (the model's fitted temperatures, if any), a file, or none")
+    ev.add_argument("--generate", action="store_true", help="also let the model generate each answer and parse it")
+    ev.add_argument("--folds", type=int, default=5, help="folds for the cross-validated calibration rows")
+    ev.add_argument("--out", default="eval-out", help="where eval.json and reliability.png go")
+
+    cal = sub.add_parser("calibrate", help="fit temperatures per question type on labelled JSONL, saved tied to the model")
+    model_options(cal)
+    cal.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
+    cal.add_argument("--buckets", action="store_true", help="also fit per option-count bucket (kept only if it helps held-out)")
+    cal.add_argument("--folds", type=int, default=5)
+    cal.add_argument("--out", default=None, help="the calibration file (default: the cache, where serve and the API find it)")
 
     bench = sub.add_parser("bench", help="measure speed against generation and per-question passes (see prefill/bench.py)")
     model_options(bench)
@@ -45,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     if args.command == "bench":
         from .bench import run
         print(json.dumps(run(args), indent=2))
@@ -54,8 +75,62 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args):
     from .api import Prefill
+    calibration = getattr(args, "calibration", "auto")
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
-                   max_request_tokens=args.max_request_tokens)
+                   max_request_tokens=args.max_request_tokens, calibration=None if calibration == "none" else calibration)
+
+
+def _scored(args):
+    from . import evaluate
+    from .engine import Engine
+    items = evaluate.load_jsonl(args.data)
+    pf = _prefill(args)
+    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens)  # uncalibrated
+    return pf, items, evaluate.predict(raw, items)
+
+
+def _eval(args) -> int:
+    from . import evaluate
+    pf, items, scored = _scored(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "data": args.data, "items": len(items),
+              "raw": evaluate.report(scored)}
+    cal = pf.engine.calibration
+    if cal is not None:
+        result["calibrated"] = evaluate.report(scored, cal)
+        result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket}
+    result["calibrated_cross_validated"] = evaluate.cross_validate(pf.name, pf.backend.fingerprint, scored, args.folds)
+    if args.generate:
+        result["generate_and_parse"] = evaluate.generate_baseline(pf.engine, items)
+    evaluate.plot_reliability(scored, out / "reliability.png", f"{pf.name}: {Path(args.data).name}", cal)
+    (out / "eval.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _calibrate(args) -> int:
+    from . import evaluate
+    from .loading import cache_dir
+    pf, items, scored = _scored(args)
+    fp = pf.backend.fingerprint
+    before = evaluate.report(scored)
+    per_type = evaluate.cross_validate(pf.name, fp, scored, args.folds)
+    result = {"model": pf.name, "items": len(items), "raw": before, "held_out_per_type": per_type}
+    buckets = False
+    if args.buckets:
+        per_bucket = evaluate.cross_validate(pf.name, fp, scored, args.folds, buckets=True)
+        result["held_out_per_bucket"] = per_bucket
+        buckets = sum(v["log_loss"] for v in per_bucket.values()) < sum(v["log_loss"] for v in per_type.values())
+    cal = evaluate.fit(pf.name, fp, scored, buckets=buckets)
+    cal.notes = {"data": Path(args.data).name, "items": len(items), "buckets_used": buckets,
+                 "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"], "raw": before}
+    path = Path(args.out) if args.out else cache_dir() / "calibration" / f"{fp[:16]}.json"
+    cal.save(path)
+    result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket}
+    result["saved"] = str(path)
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 def _serve(args) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Backend
+from .calibration import Calibration
 from .render import Branches
 from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
@@ -27,8 +28,8 @@ class RequestTooLarge(ValueError):
 class Engine:
     backend: Backend
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
-    # Softmax temperature per question type ("noul", "choice", "score"); 1.0 when absent.
-    temperatures: Mapping[str, float] = field(default_factory=dict)
+    # Fitted temperatures (prefill calibrate), applied to every answer; None serves raw model probabilities.
+    calibration: Calibration | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def ask(self, state: Any, questions: Mapping[str, Noul | Choice | Score]) -> tuple[dict[str, Answer], Usage]:
@@ -58,7 +59,8 @@ class Engine:
         return total
 
     def _answer(self, q: Noul | Choice | Score, loglik: Sequence[float]) -> Answer:
-        probs = softmax(loglik, self.temperatures.get(q.type, 1.0))
+        temperature = self.calibration.temperature(q.type, len(loglik)) if self.calibration else 1.0
+        probs = softmax(loglik, temperature)
         if isinstance(q, Noul):
             return NoulAnswer(noul=probs[0])
         if isinstance(q, Choice):

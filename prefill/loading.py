@@ -83,6 +83,26 @@ def load(source: ModelSource, dtype: str = "float32"):
     return model, tokenizer
 
 
+def fingerprint(source: ModelSource) -> str:
+    """What a calibration or a trained readout is tied to: the GGUF file's sha256; for a directory, a
+    sha256 over its config and the names, sizes, heads and tails of its weight files; for a hub id, the id."""
+    if source.kind == "gguf":
+        return _sha256(Path(source.location))
+    if source.kind == "hub":
+        return hashlib.sha256(f"hub:{source.location}".encode()).hexdigest()
+    h = hashlib.sha256()
+    root = Path(source.location)
+    for f in sorted(root.iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}".encode())
+            with f.open("rb") as fh:
+                h.update(fh.read(1 << 20))
+                fh.seek(max(0, size - (1 << 20)))
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
 def _converted_gguf(path: Path) -> Path:
     """A safetensors copy of a GGUF file's dequantised weights and its tokenizer, made once."""
     import torch

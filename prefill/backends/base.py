@@ -17,6 +17,7 @@ class Backend(Protocol):
     name: str                 # the served model name
     description: str
     release_date: str         # YYYY-MM-DD, for GET /v1/models
+    fingerprint: str          # identifies the weights: calibrations and readouts are tied to it
     renderer: Renderer
     max_context: int          # longest state + question + answer the model can position
 

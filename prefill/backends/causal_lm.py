@@ -51,9 +51,10 @@ class CausalLMBackend:
 
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
                  chat: bool | None = None, packing: str = "auto", chunk_tokens: int = 512,
-                 state_cache_tokens: int = 16384):
+                 state_cache_tokens: int = 16384, fingerprint: str = ""):
         self.model = model.eval()
         self.name = name
+        self.fingerprint = fingerprint
         self.description = description or f"{name} (causal LM, one prefill pass)"
         self.release_date = release_date
         self.renderer = Renderer(tokenizer, chat=chat)
@@ -78,7 +79,12 @@ class CausalLMBackend:
             self.sliding_window is not None and len(state) + max(_longest(q) for q in questions) > self.sliding_window)
         scores: list[list[float]] = []
         for chunk in _chunks(questions, self.chunk_tokens):
-            scores += self._score_rows(cache, len(state), chunk) if rows else self._score_packed(cache, len(state), chunk)
+            if rows:
+                scores += self._score_rows(cache, len(state), chunk)
+            elif len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
+                scores.append(self._score_large(cache, len(state), chunk[0]))
+            else:
+                scores += self._score_packed(cache, len(state), chunk)
         return scores
 
     # -- the state, once
@@ -111,6 +117,23 @@ class CausalLMBackend:
                          logits_to_keep=torch.tensor(tree.read_from, device=self.device))
         self.forward_calls += 1
         return tree.sum_logprobs(out.logits[0])
+
+    # -- a question too large for one chunk (say 255 long options): its prompt extends the cached state,
+    #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
+    def _score_large(self, cache: DynamicCache, n_state: int, q: Branches) -> list[float]:
+        extended = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
+        out = self.model(input_ids=torch.tensor([list(q.prompt)], device=self.device),
+                         position_ids=torch.arange(n_state, n_state + len(q.prompt), device=self.device)[None],
+                         cache=extended, use_cache=True, logits_to_keep=1)
+        self.forward_calls += 1
+        first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        # Each answer's first token is read above; the rest of it is a branch whose root is that token.
+        longer = [a for a in q.answers if len(a) > 1]
+        tails: list[float] = []
+        for chunk in _chunks([Branches((a[0],), (a[1:],)) for a in longer], self.chunk_tokens):
+            tails += [tail for (tail,) in self._score_packed(extended, n_state + len(q.prompt), chunk)]
+        rest = dict(zip(longer, tails))
+        return [float(first[a[0]]) + rest.get(a, 0.0) for a in q.answers]
 
     # -- rows: each (question, answer) continues from its own copy of the state
     def _score_rows(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
@@ -190,11 +213,17 @@ class _Tree:
         on_path = (a[None, :] == -1) | (a[:, None] == a[None, :])
         return causal & same_question & on_path
 
-    def sum_logprobs(self, logits: torch.Tensor) -> list[list[float]]:
-        """Each answer's log-likelihood: the sum of its tokens' log-probabilities."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    def sum_logprobs(self, logits: torch.Tensor, rows: int = 256) -> list[list[float]]:
+        """Each answer's log-likelihood: the sum of its tokens' log-probabilities. The normaliser is taken
+        `rows` logits rows at a time, so no second vocabulary-sized copy of all rows is made."""
         read, tok, qs, ans = (torch.tensor(c) for c in zip(*self.targets))
-        per_token = logprobs[read.to(logprobs.device), tok.to(logprobs.device)].double().cpu()
+        per_token = torch.empty(len(read), dtype=torch.float64)
+        for start in range(0, logits.shape[0], rows):
+            block = logits[start:start + rows].float()
+            normaliser = torch.logsumexp(block, dim=-1)
+            sel = ((read >= start) & (read < start + rows)).nonzero().squeeze(1)
+            r = (read[sel] - start).to(block.device)
+            per_token[sel] = (block[r, tok[sel].to(block.device)] - normaliser[r]).double().cpu()
         totals = torch.zeros(len(self.n_answers), max(self.n_answers), dtype=torch.float64)
         totals.index_put_((qs, ans), per_token, accumulate=True)
         return [totals[q, :n].tolist() for q, n in enumerate(self.n_answers)]

@@ -1,0 +1,211 @@
+"""`prefill eval` and `prefill calibrate`: labelled evaluation, and temperatures fitted on it.
+
+Data is JSONL, one item a line: {"state": ..., "questions": {id: question}, "gold": {id: answer}}, with
+gold `true`/`false` for noul, an option name for choice, a level index for score. `benchmarks/labelled.py`
+writes sys1bench's policy-labelled tasks in this form.
+
+The evaluation reports, per question type, accuracy, macro-F1, log loss, Brier, ECE with the ECE a
+perfectly calibrated model would show on that many questions, and for scores the ranked probability
+score and mean absolute error; a reliability diagram as PNG; and, with --generate, the same model asked
+to generate its answer as text, parsed (accuracy and parse rate; generation gives no probabilities).
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter
+
+from . import metrics
+from .calibration import Calibration
+from .engine import Engine
+from .render import render_question
+from .schema import Choice, Noul, Question, Score
+
+QuestionT = Noul | Choice | Score
+_QUESTIONS = TypeAdapter(dict[str, Question])
+
+
+@dataclass
+class Item:
+    state: Any
+    questions: dict[str, QuestionT]
+    gold: dict[str, Any]
+
+
+def load_jsonl(path: str | Path) -> list[Item]:
+    items = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        questions = parse_questions(row["questions"])
+        gold = row["gold"]
+        missing = set(questions) - set(gold)
+        if missing:
+            raise ValueError(f"{path}:{n}: no gold answer for {sorted(missing)}")
+        for qid, q in questions.items():
+            gold_index(q, gold[qid])  # validates
+        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}))
+    return items
+
+
+def parse_questions(raw: dict) -> dict[str, QuestionT]:
+    return _QUESTIONS.validate_python(raw)
+
+
+def gold_index(q: QuestionT, gold: Any) -> int:
+    if isinstance(q, Noul):
+        if not isinstance(gold, bool):
+            raise ValueError(f"noul gold must be true or false, not {gold!r}")
+        return 0 if gold else 1
+    if isinstance(q, Choice):
+        names = list(q.criteria)
+        if gold not in names:
+            raise ValueError(f"choice gold {gold!r} is not one of the options {names}")
+        return names.index(gold)
+    if not isinstance(gold, int) or not 0 <= gold < len(q.criteria):
+        raise ValueError(f"score gold must be a level index 0..{len(q.criteria) - 1}, not {gold!r}")
+    return gold
+
+
+def answer_labels(q: QuestionT) -> list[str]:
+    if isinstance(q, Noul):
+        return ["yes", "no"]
+    if isinstance(q, Choice):
+        return list(q.criteria)
+    return [str(i) for i in range(len(q.criteria))]
+
+
+def vector(answer) -> list[float]:
+    """An answer's probabilities over its declared answers, in declared order (noul: yes, no)."""
+    if answer.type == "noul":
+        return [answer.noul, 1 - answer.noul]
+    return list(answer.probabilities.values())
+
+
+@dataclass
+class Scored:
+    qtype: str
+    probs: list[float]
+    gold: int
+    labels: list[str]
+    item: int
+
+
+def predict(engine: Engine, items: Sequence[Item]) -> list[Scored]:
+    out = []
+    for i, item in enumerate(items):
+        answers, _ = engine.ask(item.state, item.questions)
+        for qid, q in item.questions.items():
+            out.append(Scored(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
+    return out
+
+
+def report(scored: Sequence[Scored], calibration: Calibration | None = None) -> dict:
+    by_type: dict[str, list[Scored]] = defaultdict(list)
+    for s in scored:
+        by_type[s.qtype].append(s)
+    out = {}
+    for qtype, rows in sorted(by_type.items()):
+        preds = [(calibration.apply(qtype, s.probs) if calibration else s.probs, s.gold) for s in rows]
+        out[qtype] = metrics.summary(preds, [s.labels for s in rows], ordinal=qtype == "score")
+    return out
+
+
+def cross_validate(model: str, fingerprint: str, scored: Sequence[Scored], folds: int = 5, buckets: bool = False,
+                   seed: int = 0) -> dict:
+    """Held-out metrics after calibration: items split into folds, temperatures fitted on the other folds
+    and applied to this one; the held-out predictions of all folds are pooled."""
+    item_ids = sorted({s.item for s in scored})
+    random.Random(seed).shuffle(item_ids)
+    fold_of = {item: k % folds for k, item in enumerate(item_ids)}
+    held_out: list[Scored] = []
+    for k in range(folds):
+        train = [s for s in scored if fold_of[s.item] != k]
+        cal = fit(model, fingerprint, train, buckets)
+        held_out += [Scored(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
+                     for s in scored if fold_of[s.item] == k]
+    return report(held_out)
+
+
+def fit(model: str, fingerprint: str, scored: Sequence[Scored], buckets: bool = False) -> Calibration:
+    by_type: dict[str, list] = defaultdict(list)
+    for s in scored:
+        by_type[s.qtype].append((s.probs, s.gold))
+    return Calibration.fit(model, fingerprint, dict(by_type), buckets=buckets)
+
+
+# ---------------------------------------------------------------- generation baseline
+
+def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int = 12) -> dict:
+    """The same prompt as prefill's, but the model generates its answer (greedy) and the text is parsed."""
+    backend = engine.backend
+    r = backend.renderer
+    tok = r.tokenizer
+    hits: dict[str, list[bool]] = defaultdict(list)
+    parsed: dict[str, list[bool]] = defaultdict(list)
+    for item in items:
+        state = r.state(item.state)
+        for qid, q in item.questions.items():
+            ids = torch.tensor([state + list(r.question(q).prompt)])
+            with torch.inference_mode():
+                out = backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                             do_sample=False, pad_token_id=tok.eos_token_id)
+            text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            guess = parse_answer(q, text)
+            parsed[q.type].append(guess is not None)
+            hits[q.type].append(guess == gold_index(q, item.gold[qid]))
+    return {t: {"n": len(v), "accuracy": round(sum(v) / len(v), 4), "parsed": round(sum(parsed[t]) / len(v), 4)}
+            for t, v in sorted(hits.items())}
+
+
+def parse_answer(q: QuestionT, text: str) -> int | None:
+    """The declared answer a generated text starts with (longest match, case-insensitive), or None."""
+    t = text.strip().strip('"\'*`').lower()
+    answers = render_question(q).answers
+    if isinstance(q, Noul):
+        return 0 if t.startswith("yes") else 1 if t.startswith("no") else None
+    if isinstance(q, Score):
+        m = re.match(r"\d+", t)
+        return int(m.group()) if m and int(m.group()) < len(answers) else None
+    best = None
+    for i, a in enumerate(answers):
+        if t.startswith(a.lower()) and (best is None or len(a) > len(answers[best])):
+            best = i
+    return best
+
+
+# ---------------------------------------------------------------- reliability diagram
+
+def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibration: Calibration | None = None) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    types = sorted({s.qtype for s in scored})
+    fig, axes = plt.subplots(1, len(types), figsize=(4 * len(types), 4), dpi=110, squeeze=False)
+    for ax, qtype in zip(axes[0], types):
+        rows = [s for s in scored if s.qtype == qtype]
+        for label, cal in (("raw", None), ("calibrated", calibration)) if calibration else (("raw", None),):
+            preds = [(cal.apply(qtype, s.probs) if cal else s.probs, s.gold) for s in rows]
+            bins = [b for b in metrics.reliability(preds) if b["n"]]
+            ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-",
+                    label=f"{label} (ECE {metrics.ece(preds):.3f})")
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        ax.set_title(f"{qtype} (n={len(rows)})")
+        ax.set_xlabel("confidence of the top answer")
+        ax.set_ylabel("accuracy")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

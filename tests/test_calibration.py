@@ -1,0 +1,117 @@
+"""Metrics, temperature fitting, and calibration applied when serving (probabilities and confidence move)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prefill import metrics
+from prefill.calibration import Calibration, fit_temperature, rescale
+from prefill.engine import Engine
+from prefill.server import create_app
+
+from .conftest import make_backend, make_model
+from .test_cli import model_dir  # noqa: F401
+
+
+def test_metrics_on_known_cases():
+    perfect = [([1.0, 0.0], 0), ([0.0, 1.0], 1)]
+    assert metrics.accuracy(perfect) == 1 and metrics.brier(perfect) == 0 and metrics.ece(perfect) == 0
+    assert metrics.log_loss([([0.5, 0.5], 0)]) == pytest.approx(math.log(2))
+    assert metrics.brier([([0.0, 1.0], 0)]) == 2
+    one_off = metrics.ranked_probability_score([([0, 1, 0, 0], 0)])
+    three_off = metrics.ranked_probability_score([([0, 0, 0, 1], 0)])
+    assert 0 < one_off < three_off == 1
+    assert metrics.mean_absolute_error([([0, 0.5, 0.5], 0)]) == 1.5
+    assert metrics.macro_f1([([1, 0], 0), ([1, 0], 1)], [["a", "b"], ["a", "b"]]) == pytest.approx((2 / 3 + 0) / 2)
+    overconfident = [([0.99, 0.01], i % 2) for i in range(100)]
+    assert metrics.ece(overconfident) == pytest.approx(0.49)
+
+
+def test_ece_floor_is_what_a_calibrated_model_shows():
+    rng = random.Random(0)
+    preds = []
+    for _ in range(400):
+        p = rng.uniform(0.5, 1)
+        preds.append(([p, 1 - p], 0 if rng.random() < p else 1))  # calibrated by construction
+    floor = metrics.ece_floor(preds)
+    assert 0 < floor < 0.08
+    assert abs(metrics.ece(preds) - floor) < 0.05
+
+
+def test_fit_recovers_the_temperature():
+    rng = random.Random(1)
+    truth = []
+    for _ in range(2000):
+        logits = [rng.gauss(0, 1.5) for _ in range(3)]
+        p = rescale([math.exp(x) for x in logits], 1.0)
+        gold = rng.choices(range(3), weights=p)[0]
+        truth.append((rescale(p, 0.5), gold))  # an overconfident model: the right T is about 2
+    t = fit_temperature(truth)
+    assert 1.7 < t < 2.4
+    assert metrics.log_loss([(rescale(p, t), g) for p, g in truth]) < metrics.log_loss(truth)
+
+
+def test_calibration_file_is_tied_to_the_model(tmp_path):
+    cal = Calibration("m", "a" * 64, {"noul": 2.0})
+    cal.save(tmp_path / "c.json")
+    assert Calibration.load(tmp_path / "c.json", "a" * 64).by_type == {"noul": 2.0}
+    with pytest.raises(ValueError, match="fitted for model fingerprint"):
+        Calibration.load(tmp_path / "c.json", "b" * 64)
+
+
+def test_served_probabilities_follow_the_calibration(tokenizer):
+    model = make_model("llama", len(tokenizer))
+    raw = Engine(make_backend(model, tokenizer))
+    hot = Engine(make_backend(model, tokenizer), calibration=Calibration("tiny", "", {"noul": 3.0, "choice": 3.0, "score": 0.5}))
+    body = {"model": "jev-latest", "state": "I was charged twice.", "questions": {
+        "r": {"type": "noul", "instructions": "Refund?"},
+        "t": {"type": "choice", "criteria": {"Billing": None, "Technical": None, "Sales": None}},
+        "a": {"type": "score", "criteria": ["calm", "annoyed", "furious"]}}}
+    with TestClient(create_app(raw)) as c:
+        a = c.post("/v1/systemone", json=body).json()["answers"]
+    with TestClient(create_app(hot)) as c:
+        b = c.post("/v1/systemone", json=body).json()["answers"]
+    p_raw, p_hot = a["r"]["noul"], b["r"]["noul"]
+    assert abs(p_hot - 0.5) < abs(p_raw - 0.5)  # T = 3 flattens towards 1/2
+    assert b["r"]["noul"] == pytest.approx(rescale([p_raw, 1 - p_raw], 3.0)[0], abs=1e-9)
+    assert b["t"]["confidence"] < a["t"]["confidence"] and b["t"]["choice"] == a["t"]["choice"]
+    assert b["a"]["confidence"] >= a["a"]["confidence"]  # T = 0.5 sharpens
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "prefill.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
+    rows = []
+    rng = random.Random(0)
+    for i in range(12):
+        rows.append({"state": f"Ticket {i}: {'charged twice' if i % 2 else 'app crashes'}",
+                     "questions": {"refund": {"type": "noul", "instructions": "Refund?"},
+                                   "team": {"type": "choice", "criteria": {"Billing": None, "Technical": None}},
+                                   "anger": {"type": "score", "criteria": ["calm", "annoyed", "furious"]}},
+                     "gold": {"refund": bool(i % 2), "team": "Billing" if i % 2 else "Technical", "anger": rng.randrange(3)}})
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cal_file = tmp_path / "cal.json"
+    run = run_cli("calibrate", str(data), "--model", str(model_dir), "--folds", "3", "--out", str(cal_file))
+    assert run.returncode == 0, run.stderr[-2000:]
+    fitted = json.loads(cal_file.read_text())
+    assert set(fitted["temperatures"]["by_type"]) == {"noul", "choice", "score"}
+    run = run_cli("eval", str(data), "--model", str(model_dir), "--calibration", str(cal_file), "--folds", "3",
+                  "--generate", "--out", str(tmp_path / "ev"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    for key in ("raw", "calibrated", "calibrated_cross_validated"):
+        assert set(report[key]) == {"noul", "choice", "score"}
+    assert {"accuracy", "macro_f1", "log_loss", "brier", "ece", "ece_floor", "rps", "mae"} <= set(report["raw"]["score"])
+    assert report["calibrated"]["noul"]["accuracy"] == report["raw"]["noul"]["accuracy"]  # T never moves the argmax
+    assert report["calibrated"]["noul"]["log_loss"] <= report["raw"]["noul"]["log_loss"] + 1e-9
+    assert report["generate_and_parse"]["choice"]["n"] == 12
+    assert (tmp_path / "ev" / "reliability.png").read_bytes()[:4] == b"\x89PNG"
