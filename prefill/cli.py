@@ -99,7 +99,7 @@ def _eval(args) -> int:
     cal = pf.engine.calibration
     if cal is not None:
         result["calibrated"] = evaluate.report(scored, cal)
-        result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket}
+        result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket, "bias": cal.bias}
     result["calibrated_cross_validated"] = evaluate.cross_validate(pf.name, pf.backend.fingerprint, scored, args.folds)
     if args.generate:
         result["generate_and_parse"] = evaluate.generate_baseline(pf.engine, items)
@@ -127,7 +127,7 @@ def _calibrate(args) -> int:
                  "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"], "raw": before}
     path = Path(args.out) if args.out else cache_dir() / "calibration" / f"{fp[:16]}.json"
     cal.save(path)
-    result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket}
+    result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket, "bias": cal.bias}
     result["saved"] = str(path)
     print(json.dumps(result, indent=2))
     return 0

@@ -59,8 +59,7 @@ class Engine:
         return total
 
     def _answer(self, q: Noul | Choice | Score, loglik: Sequence[float]) -> Answer:
-        temperature = self.calibration.temperature(q.type, len(loglik)) if self.calibration else 1.0
-        probs = softmax(loglik, temperature)
+        probs = softmax(self.calibration.adjust(q.type, loglik) if self.calibration else loglik)
         if isinstance(q, Noul):
             return NoulAnswer(noul=probs[0])
         if isinstance(q, Choice):

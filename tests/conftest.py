@@ -69,7 +69,8 @@ def tiny_engine(tiny_model, tokenizer) -> Engine:
 
 @pytest.fixture(scope="session")
 def default_prefill():
-    """The embedded default model. `make test` installs it; a missing model fails rather than skips."""
+    """The embedded default model, raw probabilities (no calibration). `make test` installs it; a missing
+    model fails rather than skips."""
     default_gguf()  # raises ModelNotFound with the install command
     from prefill import Prefill
-    return Prefill()
+    return Prefill(calibration=None)

@@ -111,7 +111,24 @@ def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
     for key in ("raw", "calibrated", "calibrated_cross_validated"):
         assert set(report[key]) == {"noul", "choice", "score"}
     assert {"accuracy", "macro_f1", "log_loss", "brier", "ece", "ece_floor", "rps", "mae"} <= set(report["raw"]["score"])
-    assert report["calibrated"]["noul"]["accuracy"] == report["raw"]["noul"]["accuracy"]  # T never moves the argmax
-    assert report["calibrated"]["noul"]["log_loss"] <= report["raw"]["noul"]["log_loss"] + 1e-9
+    for qtype in ("choice", "score"):  # a temperature never moves the argmax
+        assert report["calibrated"][qtype]["accuracy"] == report["raw"][qtype]["accuracy"]
+    for qtype in ("noul", "choice", "score"):  # fitted on this very data: the log loss cannot get worse
+        assert report["calibrated"][qtype]["log_loss"] <= report["raw"][qtype]["log_loss"] + 1e-6
     assert report["generate_and_parse"]["choice"]["n"] == 12
     assert (tmp_path / "ev" / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_platt_recovers_a_lean_towards_yes():
+    rng = random.Random(2)
+    preds = []
+    for _ in range(3000):
+        x = rng.gauss(0, 2)                       # the true yes-minus-no log odds
+        gold = 0 if rng.random() < 1 / (1 + math.exp(-x)) else 1
+        shown = x + 1.5                            # a model that leans towards yes
+        preds.append(([1 / (1 + math.exp(-shown)), 1 / (1 + math.exp(shown))], gold))
+    from prefill.calibration import fit_platt
+    t, b = fit_platt(preds)
+    assert 0.85 < t < 1.2 and -1.8 < b < -1.2
+    cal = Calibration("m", "", {"noul": t}, bias={"noul": b})
+    assert metrics.ece([(cal.apply("noul", p), g) for p, g in preds]) < metrics.ece(preds) / 3

@@ -60,6 +60,18 @@ def test_sensible_answers(default_prefill):
     assert a["anger"].probabilities["0"] < 0.2
 
 
+def test_the_shipped_calibration_is_found_and_applied(default_prefill):
+    from prefill.api import find_calibration
+    from prefill.engine import Engine
+    cal = find_calibration("auto", default_prefill.backend.fingerprint)
+    assert cal is not None and cal.fingerprint == default_prefill.backend.fingerprint
+    calibrated = Engine(default_prefill.backend, calibration=cal).ask(TICKET, QUESTIONS)[0]
+    raw = default_prefill.ask(TICKET, QUESTIONS)
+    assert calibrated["refund"].noul != raw["refund"].noul
+    assert calibrated["team"].choice == raw["team"].choice  # a temperature keeps the argmax
+    assert calibrated["team"].confidence < raw["team"].confidence  # T > 1 for choice on this model
+
+
 # ---------------------------------------------------------------- a live server
 
 def _free_port() -> int:
