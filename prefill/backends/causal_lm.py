@@ -41,8 +41,8 @@ class CausalLMBackend:
     """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`.
 
     chunk_tokens=512: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
-    smaller chunks waste less; below that the per-pass overhead wins. Measured on SmolLM2-135M, 2 cores, a
-    448-token state, 100 yes/no questions: 128 → 7.6 s, 256 → 6.4 s, 512 → 6.1 s, 1024 → 6.3 s, 2048 → 7.3 s
+    smaller chunks waste less; below that the per-pass overhead wins. Measured once, ad hoc (prefill.bench's
+    question set with `backend.chunk_tokens` varied), on SmolLM2-135M, 2 cores, its state, 100 yes/no questions: 128 → 7.6 s, 256 → 6.4 s, 512 → 6.1 s, 1024 → 6.3 s, 2048 → 7.3 s
     (21 questions: 1.77 / 1.60 / 1.55 / 1.54 / 1.54 s).
 
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
