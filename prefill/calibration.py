@@ -146,6 +146,9 @@ class Calibration:
     def apply(self, qtype: str, p: Sequence[float]) -> list[float]:
         return rescale(p, self.temperature(qtype, len(p)), self.bias.get(qtype, 0.0))
 
+    def parameters(self) -> dict:
+        return {"by_type": self.by_type, "by_bucket": self.by_bucket, "bias": self.bias}
+
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps({"model": self.model, "fingerprint": self.fingerprint,

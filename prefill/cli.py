@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="packed: one tree-masked pass; rows: a row per answer over the cached state (for models that ignore masks)")
         p.add_argument("--no-chat", action="store_true", help="use a plain prompt instead of the model's chat template")
         p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
+        p.add_argument("--calibration", default="auto",
+                       help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
 
     serve = sub.add_parser("serve", help="serve the TypeSafe System One API")
     model_options(serve)
@@ -30,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", action="append", default=[],
                        help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)")
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--calibration", default="auto",
-                       help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
 
     ask = sub.add_parser("ask", help="answer questions about a state, JSON out")
     model_options(ask)
@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG")
     model_options(ev)
     ev.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
-    ev.add_argument("--calibration", default="auto", help="auto (the model's fitted temperatures, if any), a file, or none")
     ev.add_argument("--generate", action="store_true", help="also let the model generate each answer and parse it")
     ev.add_argument("--folds", type=int, default=5, help="folds for the cross-validated calibration rows")
     ev.add_argument("--out", default="eval-out", help="where eval.json and reliability.png go")
@@ -75,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args):
     from .api import Prefill
-    calibration = getattr(args, "calibration", "auto")
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
-                   max_request_tokens=args.max_request_tokens, calibration=None if calibration == "none" else calibration)
+                   max_request_tokens=args.max_request_tokens,
+                   calibration=None if args.calibration == "none" else args.calibration)
 
 
 def _scored(args):
@@ -99,7 +98,7 @@ def _eval(args) -> int:
     cal = pf.engine.calibration
     if cal is not None:
         result["calibrated"] = evaluate.report(scored, cal)
-        result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket, "bias": cal.bias}
+        result["temperatures"] = cal.parameters()
     result["calibrated_cross_validated"] = evaluate.cross_validate(pf.name, pf.backend.fingerprint, scored, args.folds)
     if args.generate:
         result["generate_and_parse"] = evaluate.generate_baseline(pf.engine, items)
@@ -127,7 +126,7 @@ def _calibrate(args) -> int:
                  "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"], "raw": before}
     path = Path(args.out) if args.out else cache_dir() / "calibration" / f"{fp[:16]}.json"
     cal.save(path)
-    result["temperatures"] = {"by_type": cal.by_type, "by_bucket": cal.by_bucket, "bias": cal.bias}
+    result["temperatures"] = cal.parameters()
     result["saved"] = str(path)
     print(json.dumps(result, indent=2))
     return 0
