@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
@@ -26,16 +27,17 @@ class Prefill:
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
-                 calibration: str | Path | None = "auto"):
+                 calibration: str | Path | None = "auto", facts: bool = True):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
-        model), None serves the raw model probabilities."""
+        model), None serves the raw model probabilities. `facts`: answer single numeric and date
+        comparisons exactly (see facts.py)."""
         source = loading.resolve(model)
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
                                        chat=chat, packing=packing, fingerprint=loading.fingerprint(source))
         self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
-                             calibration=find_calibration(calibration, self.backend.fingerprint))
+                             calibration=find_calibration(calibration, self.backend.fingerprint), use_facts=facts)
 
     @classmethod
     def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:
@@ -53,11 +55,12 @@ class Prefill:
     @overload
     def ask(self, state: Any, questions: Mapping[str, QuestionT]) -> dict[str, Answer]: ...
 
-    def ask(self, state, questions):
-        """Answers for a mapping of id → question, or the one answer for a single question."""
+    def ask(self, state, questions, reference_date: dt.date | None = None):
+        """Answers for a mapping of id → question, or the one answer for a single question.
+        `reference_date`: "today" for date questions (else the date the state gives, if any)."""
         if isinstance(questions, (Noul, Choice, Score)):
-            return self.engine.ask(state, {"q": questions})[0]["q"]
-        return self.engine.ask(state, questions)[0]
+            return self.engine.ask(state, {"q": questions}, reference_date)[0]["q"]
+        return self.engine.ask(state, questions, reference_date)[0]
 
 
 def find_calibration(choice: str | Path | None, fingerprint: str) -> Calibration | None:

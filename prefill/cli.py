@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
         p.add_argument("--calibration", default="auto",
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
+        p.add_argument("--facts", default="on", choices=["on", "off"],
+                       help="answer single numeric and date comparisons exactly, by parsing (default on)")
 
     serve = sub.add_parser("serve", help="serve the TypeSafe System One API")
     model_options(serve)
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
     ask.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
     ask.add_argument("--usage", action="store_true", help="print the whole response, usage included")
+    ask.add_argument("--reference-date", type=dt.date.fromisoformat, default=None,
+                     help="today, for date questions (YYYY-MM-DD; default: the date the state gives, if any)")
 
     ev = sub.add_parser("eval", help="evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG")
     model_options(ev)
@@ -76,25 +81,26 @@ def _prefill(args):
     from .api import Prefill
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
                    max_request_tokens=args.max_request_tokens,
-                   calibration=None if args.calibration == "none" else args.calibration)
+                   calibration=None if args.calibration == "none" else args.calibration,
+                   facts=args.facts == "on")
 
 
-def _scored(args):
+def _scored(args, facts: bool):
     from . import evaluate
     from .engine import Engine
     items = evaluate.load_jsonl(args.data)
     pf = _prefill(args)
-    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens)  # uncalibrated
+    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts)  # uncalibrated
     return pf, items, evaluate.predict(raw, items)
 
 
 def _eval(args) -> int:
     from . import evaluate
-    pf, items, scored = _scored(args)
+    pf, items, scored = _scored(args, facts=args.facts == "on")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "data": args.data, "items": len(items),
-              "raw": evaluate.report(scored)}
+              "facts": args.facts, "raw": evaluate.report(scored)}
     cal = pf.engine.calibration
     if cal is not None:
         result["calibrated"] = evaluate.report(scored, cal)
@@ -111,7 +117,7 @@ def _eval(args) -> int:
 def _calibrate(args) -> int:
     from . import evaluate
     from .loading import cache_dir
-    pf, items, scored = _scored(args)
+    pf, items, scored = _scored(args, facts=False)  # temperatures are the model's; exact answers need none
     fp = pf.backend.fingerprint
     before = evaluate.report(scored)
     per_type = evaluate.cross_validate(pf.name, fp, scored, args.folds)
@@ -170,7 +176,7 @@ def _ask(args) -> int:
         return 2
     try:
         pf = _prefill(args)
-        answers, usage = pf.engine.ask(state, questions)
+        answers, usage = pf.engine.ask(state, questions, args.reference_date)
     except (ModelNotFound, RequestTooLarge) as e:
         print(f"prefill ask: {e}", file=sys.stderr)
         return 2

@@ -3,18 +3,23 @@
 It renders the request to a token tree, asks the backend for each answer's log-likelihood in one pass,
 and turns those into the wire answers: a softmax over the declared answers only (so an undeclared
 answer cannot come out), the expectation for scores, and confidence exactly as TypeSafe defines it.
+Questions that are one numeric or date comparison are first offered to the fact pass (facts.py), which
+answers them exactly when it can tell what to compare; only the rest reach the model.
 """
 from __future__ import annotations
 
+import datetime as dt
 import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import facts
 from .backends.base import Backend
 from .calibration import Calibration
-from .render import Branches
+from .readout import Readouts
+from .render import Branches, render_text
 from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
 DEFAULT_MAX_REQUEST_TOKENS = 262_144
@@ -25,26 +30,119 @@ class RequestTooLarge(ValueError):
 
 
 @dataclass
+class Decision:
+    """Everything the engine decided for one request; `ask` returns the wire part (answers, usage)."""
+    answers: dict[str, Answer]
+    usage: Usage
+    low_confidence: list[str] = field(default_factory=list)  # under the fallback threshold, not escalated
+    escalated: list[str] = field(default_factory=list)       # answered by the fallback engine instead
+    early_exit: list[str] = field(default_factory=list)      # answered by the shallow readout head
+
+
+@dataclass
 class Engine:
     backend: Backend
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
     # Fitted temperatures (prefill calibrate), applied to every answer; None serves raw model probabilities.
     calibration: Calibration | None = None
+    # Exact answers for single numeric/date comparisons (see facts.py and the README's measurement).
+    use_facts: bool = True
+    # Trained heads (prefill train) read instead of the training-free log-likelihoods; they carry their own
+    # calibration (trained on proper scores), so `calibration` is not applied to them.
+    readouts: Readouts | None = None
+    # Questions whose top probability is under `fallback_below` are re-asked to `fallback` (a stronger
+    # engine) if there is one, else reported as low-confidence.
+    fallback_below: float | None = None
+    fallback: Engine | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def ask(self, state: Any, questions: Mapping[str, Noul | Choice | Score]) -> tuple[dict[str, Answer], Usage]:
+    @property
+    def name(self) -> str:
+        """The served model name: the base model's, plus the readout's when one is loaded."""
+        return self.backend.name + (f"+{self.readouts.name}" if self.readouts else "")
+
+    @property
+    def description(self) -> str:
+        if not self.readouts:
+            return self.backend.description
+        return f"{self.backend.description}, with the trained readout {self.readouts.name!r}"
+
+    def ask(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+            reference_date: dt.date | None = None) -> tuple[dict[str, Answer], Usage]:
+        """Answers for every question. `reference_date` is "today" for date questions; without it the fact
+        pass uses the date the state gives ("Today is ..."), if any."""
+        d = self.decide(state, questions, reference_date)
+        return d.answers, d.usage
+
+    def decide(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+               reference_date: dt.date | None = None) -> Decision:
+        probs, n_tokens, early = self.probabilities(state, questions, reference_date)
+        low, escalated = [], []
+        if self.fallback_below is not None:
+            low = [qid for qid, p in probs.items() if max(p) < self.fallback_below]
+        if low and self.fallback is not None:
+            more, extra_tokens, _ = self.fallback.probabilities(state, {q: questions[q] for q in low}, reference_date)
+            probs.update(more)
+            n_tokens += extra_tokens
+            low, escalated = [], low
+        answers = {qid: self._answer(q, probs[qid]) for qid, q in questions.items()}
+        return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated, early)
+
+    def probabilities(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+                      reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
+        """Each question's distribution over its declared answers (in declared order, noul: yes, no), the
+        tokens the model read, and the questions a shallow readout answered."""
+        probs: dict[str, list[float]] = {}
+        if self.use_facts:
+            state_text = render_text(state)
+            for qid, q in questions.items():
+                exact = facts.decide(state_text, q, reference_date)
+                if exact is not None:
+                    probs[qid] = exact
+        asked = {qid: q for qid, q in questions.items() if qid not in probs}
+        if not asked:
+            return probs, 0, []
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
         unique: dict[Branches, int] = {}    # identical questions are scored once, and so answered alike
-        slot = {}
-        for qid, q in questions.items():
+        slot, qtypes = {}, []
+        for qid, q in asked.items():
             slot[qid] = unique.setdefault(renderer.question(q), len(unique))
+            if slot[qid] == len(qtypes):
+                qtypes.append(q.type)
         branches = list(unique)
         n_tokens = self._check_limits(state_ids, branches)
         with self._lock:  # one forward at a time; concurrent requests queue here
-            scores = self.backend.score(state_ids, branches)
-        answers = {qid: self._answer(q, scores[slot[qid]]) for qid, q in questions.items()}
-        return answers, Usage(input_tokens=n_tokens, output_tokens=0)
+            if self.readouts is None:
+                per_branch = [self._calibrated(t, s) for t, s in zip(qtypes, self.backend.score(state_ids, branches))]
+                exited: set[int] = set()
+            else:
+                per_branch, exited = self._read_heads(state_ids, branches, qtypes)
+        probs.update({qid: per_branch[slot[qid]] for qid in asked})
+        return probs, n_tokens, [qid for qid in asked if slot[qid] in exited]
+
+    def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:
+        return softmax(self.calibration.adjust(qtype, loglik) if self.calibration else loglik)
+
+    def _read_heads(self, state_ids: Sequence[int], branches: Sequence[Branches],
+                    qtypes: Sequence[str]) -> tuple[list[list[float]], set[int]]:
+        """Trained heads: the shallow one first (a pass over its layers only), if it has one; questions it
+        is not sure of go on to the final head (a full-depth pass)."""
+        heads = self.readouts
+        out: list[list[float] | None] = [None] * len(branches)
+        if heads.early is not None:
+            layer = heads.early.cfg.layer
+            for i, f in enumerate(self.backend.features(state_ids, branches, [layer], depth=layer)):
+                p = softmax(heads.early.score(qtypes[i], f.decision[0], f.options[:, 0], f.loglik))
+                if max(p) >= heads.early.cfg.exit_threshold:
+                    out[i] = p
+        exited = {i for i, p in enumerate(out) if p is not None}
+        rest = [i for i in range(len(branches)) if i not in exited]
+        if rest:
+            feats = self.backend.features(state_ids, [branches[i] for i in rest], [heads.final.cfg.layer])
+            for i, f in zip(rest, feats):
+                out[i] = softmax(heads.final.score(qtypes[i], f.decision[0], f.options[:, 0], f.loglik))
+        return out, exited
 
     def _check_limits(self, state: Sequence[int], branches: Sequence[Branches]) -> int:
         longest = max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)
@@ -58,8 +156,7 @@ class Engine:
                                   "tokens per request (--max-request-tokens)")
         return total
 
-    def _answer(self, q: Noul | Choice | Score, loglik: Sequence[float]) -> Answer:
-        probs = softmax(self.calibration.adjust(q.type, loglik) if self.calibration else loglik)
+    def _answer(self, q: Noul | Choice | Score, probs: Sequence[float]) -> Answer:
         if isinstance(q, Noul):
             return NoulAnswer(noul=probs[0])
         if isinstance(q, Choice):

@@ -1,7 +1,8 @@
 """`prefill eval` and `prefill calibrate`: labelled evaluation, and temperatures fitted on it.
 
 Data is JSONL, one item a line: {"state": ..., "questions": {id: question}, "gold": {id: answer}}, with
-gold `true`/`false` for noul, an option name for choice, a level index for score. `benchmarks/labelled.py`
+gold `true`/`false` for noul, an option name for choice, a level index for score, and optionally
+"reference_date" (YYYY-MM-DD, "today" for date questions). `benchmarks/labelled.py`
 writes sys1bench's policy-labelled tasks in this form.
 
 The evaluation reports, per question type, accuracy, macro-F1, log loss, Brier, ECE with the ECE a
@@ -11,6 +12,7 @@ to generate its answer as text, parsed (accuracy and parse rate; generation give
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 import re
@@ -38,6 +40,7 @@ class Item:
     state: Any
     questions: dict[str, QuestionT]
     gold: dict[str, Any]
+    reference_date: dt.date | None = None
 
 
 def load_jsonl(path: str | Path) -> list[Item]:
@@ -53,7 +56,8 @@ def load_jsonl(path: str | Path) -> list[Item]:
             raise ValueError(f"{path}:{n}: no gold answer for {sorted(missing)}")
         for qid, q in questions.items():
             gold_index(q, gold[qid])  # validates
-        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}))
+        today = dt.date.fromisoformat(row["reference_date"]) if row.get("reference_date") else None
+        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}, today))
     return items
 
 
@@ -103,7 +107,7 @@ class Scored:
 def predict(engine: Engine, items: Sequence[Item]) -> list[Scored]:
     out = []
     for i, item in enumerate(items):
-        answers, _ = engine.ask(item.state, item.questions)
+        answers, _ = engine.ask(item.state, item.questions, item.reference_date)
         for qid, q in item.questions.items():
             out.append(Scored(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
     return out

@@ -7,6 +7,7 @@ a bad request fails as a 422 with FastAPI's `detail[]` shape before any model wo
 """
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -75,6 +76,8 @@ class SystemOneRequest(BaseModel):
     model: str
     state: Text
     questions: Annotated[dict[NonEmpty, Question], Field(min_length=1)]
+    # prefill's extension (x_-prefixed, so the contract stays clean): "today" for date questions.
+    x_reference_date: dt.date | None = None
 
 
 class NoulAnswer(BaseModel):

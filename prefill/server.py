@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .backends.base import ReadoutUnsupported
 from .engine import Engine, RequestTooLarge
 from .schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
 
@@ -86,21 +87,20 @@ def create_app(engine: Engine | Callable[[], Engine], *, api_keys: Sequence[str]
             raise ApiError(401, "authentication_error", "the API key is not valid", {"WWW-Authenticate": "Bearer"})
 
     def served_names(e: Engine) -> tuple[str, ...]:
-        return (e.backend.name, *ALIASES)
+        return (e.name, *ALIASES)
 
     @app.get("/health")
     def health():
         if slot.engine is not None:
-            return {"status": "ok", "model": slot.engine.backend.name}
+            return {"status": "ok", "model": slot.engine.name}
         status = "failed" if slot.failure else "loading"
         return JSONResponse({"status": status, "error": slot.failure}, 503, headers={"Retry-After": "2"})
 
     @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
     def models():
         e = slot.get()
-        b = e.backend
-        return ModelList(models=[ModelInfo(name=n, description=b.description if n == b.name else f"alias of {b.name}",
-                                           release_date=b.release_date) for n in served_names(e)])
+        return ModelList(models=[ModelInfo(name=n, description=e.description if n == e.name else f"alias of {e.name}",
+                                           release_date=e.backend.release_date) for n in served_names(e)])
 
     @app.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
     def systemone(req: SystemOneRequest):
@@ -109,10 +109,17 @@ def create_app(engine: Engine | Callable[[], Engine], *, api_keys: Sequence[str]
             raise ApiError(404, "not_found_error",
                            f"model {req.model!r} is not served here; use one of {list(served_names(e))}")
         try:
-            answers, usage = e.ask(req.state, req.questions)
+            d = e.decide(req.state, req.questions, req.x_reference_date)
         except RequestTooLarge as err:
             raise ApiError(413, "request_too_large", str(err)) from err
-        return SystemOneResponse(model=e.backend.name, answers=answers, usage=usage)
+        except ReadoutUnsupported as err:
+            raise ApiError(400, "invalid_request_error", str(err)) from err
+        body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
+        # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
+        for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated)):
+            if qids:
+                body[key] = qids
+        return JSONResponse(body)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):

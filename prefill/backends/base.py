@@ -24,3 +24,10 @@ class Backend(Protocol):
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         """Log-likelihood of each answer's whole token sequence given the state and its question."""
         ...
+
+    # Backends that serve trained readouts also have
+    # features(state, questions, layers, depth=None) -> list[Features]: hidden states from the same pass.
+
+
+class ReadoutUnsupported(ValueError):
+    """A request a trained readout cannot score exactly with this backend's settings (a 400, not a 500)."""

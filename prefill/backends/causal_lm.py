@@ -22,19 +22,33 @@ continuing from a copy of the cached state, which needs no mask beyond the causa
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from ..render import Branches, Renderer
+from .base import ReadoutUnsupported
 
 # Layer kinds that take a custom attention mask. Anything else (linear attention, mamba, conv, ...) is
 # a layer that would let packed branches see each other, so such models are run as rows.
 MASKED_LAYERS = {"full_attention", "sliding_attention", "chunked_attention"}
 RECURRENT_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm"}
+
+
+@dataclass
+class Features:
+    """What a trained readout reads for one question: hidden states after the given decoder layers at the
+    decision token (the prompt's last token, where the answer starts) and at each answer's end token (its
+    last token before the end-of-answer marker), and the answers' log-likelihoods (from the last layer the
+    pass ran; meaningful only for a full-depth pass)."""
+    loglik: list[float]
+    decision: torch.Tensor   # (n_layers, hidden)
+    options: torch.Tensor    # (n_answers, n_layers, hidden)
 
 
 class CausalLMBackend:
@@ -87,6 +101,39 @@ class CausalLMBackend:
                 scores += self._score_packed(cache, len(state), chunk)
         return scores
 
+    @torch.inference_mode()
+    def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int],
+                 depth: int | None = None) -> list[Features]:
+        """Hidden states for trained readouts, from the same packed pass as `score` (same mask, same
+        isolation). `depth` runs only the first `depth` decoder layers over the questions (early exit);
+        the state is always run in full, once, and cached."""
+        if self.packing == "rows" or self.sliding_window is not None:
+            raise ReadoutUnsupported("trained readouts need packed mode (a model that takes attention masks, "
+                                     "without a sliding window)")
+        cache = self._run_state(state)
+        out: list[Features] = []
+        for chunk in _chunks(questions, self.chunk_tokens):
+            if len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
+                raise ReadoutUnsupported(f"a question of {chunk[0].n_tokens} tokens is over the {self.chunk_tokens}-token "
+                                         "chunk a trained readout reads in one pass; shorten its options")
+            with self._depth(depth):
+                out += self._score_packed(cache, len(state), chunk, layers)
+        return out
+
+    def _decoder_layers(self):
+        return self.model.get_decoder().layers
+
+    @contextlib.contextmanager
+    def _depth(self, depth: int | None):
+        """Run only the first `depth` decoder layers: HF decoders loop over layers[:num_hidden_layers]."""
+        cfg = self.model.get_decoder().config
+        full = cfg.num_hidden_layers
+        cfg.num_hidden_layers = depth or full
+        try:
+            yield
+        finally:
+            cfg.num_hidden_layers = full
+
     # -- the state, once
     def _run_state(self, state: Sequence[int]) -> DynamicCache:
         key = tuple(state)
@@ -104,19 +151,34 @@ class CausalLMBackend:
         return cache
 
     # -- packed: one sequence, a tree mask
-    def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
+    def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches],
+                      layers: Sequence[int] = ()) -> list:
+        """Each question's answer log-likelihoods; with `layers`, its Features (hidden states after those
+        decoder layers, 1-based) instead."""
         tree = _Tree.build(chunk, n_state)
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self._decoder_layers()[i - 1].register_forward_hook(
+            lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0]))
+            for i in layers]
         n = len(tree.ids)
         visible = tree.visibility()                                   # (n, n) bool, ancestors and self
         mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype)  # the state is visible to all
         mask[0, 0, :, n_state:].masked_fill_(~visible, torch.finfo(self.dtype).min)
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
-        out = self.model(input_ids=torch.tensor([tree.ids], device=self.device),
-                         position_ids=torch.tensor([tree.positions], device=self.device),
-                         attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
-                         logits_to_keep=torch.tensor(tree.read_from, device=self.device))
+        try:
+            out = self.model(input_ids=torch.tensor([tree.ids], device=self.device),
+                             position_ids=torch.tensor([tree.positions], device=self.device),
+                             attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
+                             logits_to_keep=torch.tensor(tree.read_from, device=self.device))
+        finally:
+            for h in hooks:
+                h.remove()
         self.forward_calls += 1
-        return tree.sum_logprobs(out.logits[0])
+        scores = tree.sum_logprobs(out.logits[0])
+        if not layers:
+            return scores
+        hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu()  # (n, n_layers, hidden)
+        return [Features(s, hidden[tree.decision[q]], hidden[tree.option_end[q]]) for q, s in enumerate(scores)]
 
     # -- a question too large for one chunk (say 255 long options): its prompt extends the cached state,
     #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
@@ -170,6 +232,8 @@ class _Tree:
         self.read_from: list[int] = []  # sequence indices whose logits are read (deduplicated)
         self.targets: list[tuple[int, int, int, int]] = []  # (read index, token, question, answer)
         self.n_answers: list[int] = []
+        self.decision: list[int] = []           # per question: its prompt's last token
+        self.option_end: list[list[int]] = []   # per question, per answer: its last token before the marker
         self._slot: dict[int, int] = {}
 
     @classmethod
@@ -180,6 +244,8 @@ class _Tree:
                 t._add(tok, n_state + k, qi, -1)
             prompt_end = len(t.ids) - 1
             t.n_answers.append(len(q.answers))
+            t.decision.append(prompt_end)
+            t.option_end.append([])
             for ai, answer in enumerate(q.answers):
                 prev = prompt_end
                 for k, tok in enumerate(answer):
@@ -187,6 +253,7 @@ class _Tree:
                     if k < len(answer) - 1:
                         t._add(tok, n_state + len(q.prompt) + k, qi, ai)
                         prev = len(t.ids) - 1
+                t.option_end[-1].append(prev)
         return t
 
     def _add(self, tok: int, pos: int, q: int, a: int) -> None:

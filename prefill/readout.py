@@ -1,0 +1,116 @@
+"""Trained readouts: small heads over the frozen model's hidden states, instead of (or beside) its LM head.
+
+Two kinds, both reading the packed pass's hidden states (backends.causal_lm.Features), so packing,
+isolation and every invariance of the training-free path hold for them too:
+
+- linear:  s_o = w · norm(h_o)                           (h_o: the hidden state at answer o's end token)
+- pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts)
+
+plus, when the head reads the last layer, α_type · loglik_o, the training-free score, with α starting at 1
+and the head at 0: an untrained readout answers exactly like the plain engine, and training only moves it
+where the data says so. A head on an intermediate layer has no log-likelihood to lean on (the LM head
+reads the last layer only); it is what early exit uses.
+
+A readout file is safetensors (the weights) plus JSON (the config, the base model's fingerprint, how it was
+trained and what it scored), refused by any other base model.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+TYPES = ("noul", "choice", "score")
+
+
+@dataclass
+class ReadoutConfig:
+    kind: str                  # linear | pointer
+    layer: int                 # the decoder layer it reads (1-based; the last layer = the model's depth)
+    hidden: int
+    use_base: bool             # adds α · log-likelihood (only possible on the last layer)
+    model: str = ""
+    fingerprint: str = ""
+    rank: int = 64
+    exit_threshold: float | None = None   # early exit: stop at this head when its confidence clears this
+    notes: dict = field(default_factory=dict)
+
+
+class Readout(nn.Module):
+    def __init__(self, cfg: ReadoutConfig):
+        super().__init__()
+        if cfg.kind not in ("linear", "pointer"):
+            raise ValueError(f"readout kind must be linear or pointer, not {cfg.kind!r}")
+        self.cfg = cfg
+        self.norm = nn.LayerNorm(cfg.hidden, elementwise_affine=False)
+        if cfg.kind == "linear":
+            self.w = nn.Parameter(torch.zeros(cfg.hidden))
+        else:
+            self.q = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
+            self.k = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
+        self.alpha = nn.Parameter(torch.ones(len(TYPES)) if cfg.use_base else torch.zeros(len(TYPES)),
+                                  requires_grad=cfg.use_base)
+
+    def forward(self, qtype: torch.Tensor, decision: torch.Tensor, options: torch.Tensor,
+                loglik: torch.Tensor) -> torch.Tensor:
+        """Scores (logits over the declared answers) for a batch: qtype (B,), decision (B, H), options
+        (B, N, H), loglik (B, N); padded answers are the caller's to mask."""
+        h = self.norm(options)
+        if self.cfg.kind == "linear":
+            s = h @ self.w
+        else:
+            s = torch.einsum("br,bnr->bn", self.norm(decision) @ self.q.T, h @ self.k.T) / math.sqrt(self.cfg.rank)
+        if self.cfg.use_base:
+            s = s + self.alpha[qtype, None] * loglik
+        return s
+
+    def score(self, qtype: str, decision: torch.Tensor, options: torch.Tensor, loglik) -> list[float]:
+        """One question's scores: decision (H,), options (N, H)."""
+        with torch.no_grad():
+            t = torch.tensor([TYPES.index(qtype)])
+            ll = torch.tensor([loglik], dtype=torch.float32).clamp(min=-1e4)
+            return self(t, decision[None].float(), options[None].float(), ll)[0].tolist()
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(path.with_suffix(".safetensors")))
+        path.with_suffix(".json").write_text(json.dumps(asdict(self.cfg), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path, fingerprint: str | None = None) -> Readout:
+        path = Path(path)
+        cfg = ReadoutConfig(**json.loads(path.with_suffix(".json").read_text()))
+        if fingerprint is not None and cfg.fingerprint != fingerprint:
+            raise ValueError(f"{path} was trained on model {cfg.model!r} ({cfg.fingerprint[:16]}), "
+                             f"not on the model being served ({fingerprint[:16]})")
+        head = cls(cfg)
+        head.load_state_dict(load_file(str(path.with_suffix(".safetensors"))))
+        return head.eval()
+
+
+@dataclass
+class Readouts:
+    """What the engine serves with: the final head, and optionally a shallower one for early exit."""
+    final: Readout
+    early: Readout | None = None
+    name: str = ""
+
+    @property
+    def layers(self) -> list[int]:
+        return [self.final.cfg.layer]
+
+    @classmethod
+    def load(cls, path: str | Path, fingerprint: str | None = None) -> Readouts:
+        """`path`: a readout file (its .json or .safetensors), or a folder holding final.* and maybe early.*"""
+        path = Path(path)
+        if path.is_dir():
+            early = path / "early.json"
+            return cls(Readout.load(path / "final.json", fingerprint),
+                       Readout.load(early, fingerprint) if early.is_file() else None, path.name)
+        return cls(Readout.load(path, fingerprint), None, path.stem)
