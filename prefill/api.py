@@ -17,6 +17,7 @@ from . import loading
 from .backends.causal_lm import CausalLMBackend
 from .calibration import Calibration, shipped
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, Engine
+from .readout import Readouts
 from .schema import Answer, Choice, Noul, Score
 
 QuestionT = Noul | Choice | Score
@@ -27,17 +28,22 @@ class Prefill:
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
-                 calibration: str | Path | None = "auto", facts: bool = True):
+                 calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
+                 fallback_below: float | None = None, fallback: Engine | None = None):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
         model), None serves the raw model probabilities. `facts`: answer single numeric and date
-        comparisons exactly (see facts.py)."""
+        comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
+        `fallback_below`: questions less sure than this go to `fallback` (a stronger engine) if given,
+        else are reported as low-confidence (Engine.decide)."""
         source = loading.resolve(model)
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
                                        chat=chat, packing=packing, fingerprint=loading.fingerprint(source))
         self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
-                             calibration=find_calibration(calibration, self.backend.fingerprint), use_facts=facts)
+                             calibration=find_calibration(calibration, self.backend.fingerprint), use_facts=facts,
+                             readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
+                             fallback_below=fallback_below, fallback=fallback)
 
     @classmethod
     def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:

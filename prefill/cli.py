@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
         p.add_argument("--facts", default="on", choices=["on", "off"],
                        help="answer single numeric and date comparisons exactly, by parsing (default on)")
+        p.add_argument("--readout", default=None,
+                       help="a trained readout (prefill train's folder or file), read instead of the log-likelihoods")
+        p.add_argument("--fallback-below", type=float, default=None,
+                       help="questions whose top probability is under this are escalated (--fallback-model) "
+                            "or listed in x_low_confidence")
+        p.add_argument("--fallback-model", default=None, help="a stronger model for low-confidence questions")
 
     serve = sub.add_parser("serve", help="serve the TypeSafe System One API")
     model_options(serve)
@@ -58,6 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--folds", type=int, default=5)
     cal.add_argument("--out", default=None, help="the calibration file (default: the cache, where serve and the API find it)")
 
+    tr = sub.add_parser("train", help="train readout heads on the frozen model, distilled from a teacher (RLCD)")
+    model_options(tr)
+    tr.add_argument("data", nargs="+", help="labelled JSONL files: {state, questions, gold[, family]} per line")
+    tr.add_argument("--teacher", action="append", default=[],
+                    help="recorded {request, response} JSONL (prefill record, or any System One server's); "
+                         "repeatable; without it the gold labels are the target")
+    tr.add_argument("--label-weight", type=float, default=0.5, help="weight of the gold label in the target")
+    tr.add_argument("--kind", default="linear", choices=["linear", "pointer"])
+    tr.add_argument("--rl-weight", type=float, default=0.0, help="weight of the RLCD term (0: cross-entropy only)")
+    tr.add_argument("--early-layer", type=int, default=None, help="also train an early-exit head here (default: half depth; 0: none)")
+    tr.add_argument("--exclude-families", default="", help="comma-separated families never trained on")
+    tr.add_argument("--out", required=True, help="a folder: final.* and early.* (safetensors + json)")
+
+    rec = sub.add_parser("record", help="answer labelled JSONL and write {request, response} lines (a teacher for prefill train)")
+    model_options(rec)
+    rec.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
+    rec.add_argument("--out", required=True, help="JSONL of System One requests and responses")
+
     bench = sub.add_parser("bench", help="measure speed against generation and per-question passes (see prefill/bench.py)")
     model_options(bench)
     from .bench import add_arguments
@@ -70,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "record":
+        return _record(args)
+    if args.command == "train":
+        return _train(args)
     if args.command == "bench":
         from .bench import run
         print(json.dumps(run(args), indent=2))
@@ -79,10 +107,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args):
     from .api import Prefill
+    fallback = None
+    if args.fallback_model:
+        fallback = Prefill(args.fallback_model, dtype=args.dtype, max_request_tokens=args.max_request_tokens,
+                           facts=args.facts == "on").engine
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
                    max_request_tokens=args.max_request_tokens,
                    calibration=None if args.calibration == "none" else args.calibration,
-                   facts=args.facts == "on")
+                   facts=args.facts == "on", readout=args.readout, fallback_below=args.fallback_below,
+                   fallback=fallback)
 
 
 def _scored(args, facts: bool):
@@ -90,7 +123,8 @@ def _scored(args, facts: bool):
     from .engine import Engine
     items = evaluate.load_jsonl(args.data)
     pf = _prefill(args)
-    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts)  # uncalibrated
+    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts,
+                 readouts=pf.engine.readouts)  # uncalibrated
     return pf, items, evaluate.predict(raw, items)
 
 
@@ -101,7 +135,7 @@ def _eval(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "data": args.data, "items": len(items),
               "facts": args.facts, "raw": evaluate.report(scored)}
-    cal = pf.engine.calibration
+    cal = None if pf.engine.readouts else pf.engine.calibration  # a trained head carries its own calibration
     if cal is not None:
         result["calibrated"] = evaluate.report(scored, cal)
         result["temperatures"] = cal.parameters()
@@ -135,6 +169,49 @@ def _calibrate(args) -> int:
     result["temperatures"] = cal.parameters()
     result["saved"] = str(path)
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _train(args) -> int:
+    from . import evaluate, training
+    pf = _prefill(args)
+    excluded = {f for f in args.exclude_families.split(",") if f}
+    items = [it for path in args.data for it in evaluate.load_jsonl(path) if it.family not in excluded]
+    teacher = {}
+    for path in args.teacher:
+        teacher.update(training.read_records(path))
+    depth = pf.backend.model.config.get_text_config(decoder=True).num_hidden_layers
+    early = depth // 2 if args.early_layer is None else args.early_layer
+    layers = [early, depth] if early else [depth]
+    examples = training.extract(pf.backend, items, layers, teacher)
+    train_ids, val_ids = training.split_items(len(items), 0.2)
+    final, early_head, report = training.fit_readouts(
+        [e for e in examples if e.item in train_ids], [e for e in examples if e.item in val_ids], layers,
+        kind=args.kind, model=pf.name, fingerprint=pf.backend.fingerprint, rl_weight=args.rl_weight,
+        label_weight=args.label_weight if teacher else 1.0)
+    out = Path(args.out)
+    final.save(out / "final.json")
+    if early_head is not None:
+        early_head.save(out / "early.json")
+    report.update(items=len(items), questions=len(examples), with_teacher=sum(e.teacher is not None for e in examples),
+                  excluded_families=sorted(excluded), layers=layers, saved=str(out))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _record(args) -> int:
+    """The same lines any System One server's logs would give: what prefill train reads as a teacher."""
+    from . import evaluate
+    from .schema import SystemOneResponse
+    pf = _prefill(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for item in evaluate.load_jsonl(args.data):
+            answers, usage = pf.engine.ask(item.state, item.questions, item.reference_date)
+            request = {"model": pf.name, "state": item.state,
+                       "questions": {k: q.model_dump(mode="json", exclude_none=True) for k, q in item.questions.items()}}
+            response = SystemOneResponse(model=pf.name, answers=answers, usage=usage).model_dump(mode="json")
+            f.write(json.dumps({"request": request, "response": response}, ensure_ascii=False) + "\n")
     return 0
 
 

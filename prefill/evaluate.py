@@ -41,6 +41,7 @@ class Item:
     questions: dict[str, QuestionT]
     gold: dict[str, Any]
     reference_date: dt.date | None = None
+    family: str = ""
 
 
 def load_jsonl(path: str | Path) -> list[Item]:
@@ -57,7 +58,7 @@ def load_jsonl(path: str | Path) -> list[Item]:
         for qid, q in questions.items():
             gold_index(q, gold[qid])  # validates
         today = dt.date.fromisoformat(row["reference_date"]) if row.get("reference_date") else None
-        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}, today))
+        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}, today, row.get("family", "")))
     return items
 
 

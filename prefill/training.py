@@ -1,0 +1,234 @@
+"""`prefill train`: readout heads distilled from a teacher, with the RLCD term, on the frozen base.
+
+The base model never trains, so its hidden states are computed once per question (the same packed pass
+the engine serves with) and the heads train on those cached features: minutes on two CPU cores.
+
+Targets: the teacher's distribution over the declared answers (a larger model run through prefill, or any
+System One server's recorded responses: `prefill record`), mixed with the gold label where the data has
+one (`label_weight`), or the gold label alone.
+
+Loss (RLCD, as ../shared/docs/background.md summarises the published tutorial):
+  cross-entropy to the target
+  + rl_weight × the RL term: G candidate score vectors s_g = s + σ ε (ε ~ N(0, I)) around the student's
+    scores s; each rewarded with proper scores weighted by the target t: log score Σ t log p_g, spherical
+    score t·p_g / |p_g|, and for `score` questions minus the ranked probability score; advantage
+    A_g = (r_g - mean r) / std r over the group; the loss Σ_g A_g |s_g - s|² / 2σ² is the Gaussian
+    policy gradient, which pulls s towards the candidates that scored better than their group.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .evaluate import Item, answer_labels, gold_index, parse_questions, vector
+from .readout import TYPES, Readout, ReadoutConfig
+
+
+@dataclass
+class Example:
+    """One question's cached features (from the student) and its training target."""
+    item: int
+    family: str
+    qtype: str
+    decision: torch.Tensor   # (n_layers, H)
+    options: torch.Tensor    # (N, n_layers, H)
+    loglik: torch.Tensor     # (N,)
+    gold: int
+    labels: list[str]
+    teacher: torch.Tensor | None = None   # (N,) the teacher's distribution, if there is one
+
+
+def question_key(state, question) -> str:
+    """What identifies a question about a state across files: its content, never its id."""
+    q = question.model_dump(mode="json", exclude_none=True)
+    return json.dumps([state, q], sort_keys=True, ensure_ascii=False)
+
+
+def read_records(path: str | Path) -> dict[str, list[float]]:
+    """A teacher from recorded System One traffic: JSONL of {"request": ..., "response": ...}."""
+    out = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        questions = parse_questions(row["request"]["questions"])
+        for qid, q in questions.items():
+            answer = row["response"]["answers"][qid]
+            probs = [answer["noul"], 1 - answer["noul"]] if answer["type"] == "noul" else list(answer["probabilities"].values())
+            out[question_key(row["request"]["state"], q)] = probs
+    return out
+
+
+def extract(backend, items: Sequence[Item], layers: Sequence[int],
+            teacher: dict[str, list[float]] | None = None) -> list[Example]:
+    """The student's features for every question (one packed pass per item, as served)."""
+    out = []
+    for i, item in enumerate(items):
+        qids = list(item.questions)
+        branches = [backend.renderer.question(item.questions[q]) for q in qids]
+        feats = backend.features(backend.renderer.state(item.state), branches, layers)
+        for qid, f in zip(qids, feats):
+            q = item.questions[qid]
+            t = teacher.get(question_key(item.state, q)) if teacher else None
+            out.append(Example(i, item.family, q.type, f.decision, f.options,
+                               torch.tensor(f.loglik, dtype=torch.float32).clamp(min=-1e4),
+                               gold_index(q, item.gold[qid]), answer_labels(q),
+                               torch.tensor(t, dtype=torch.float32) if t is not None else None))
+    return out
+
+
+def target(e: Example, label_weight: float) -> torch.Tensor:
+    onehot = torch.zeros(len(e.labels))
+    onehot[e.gold] = 1.0
+    if e.teacher is None:
+        return onehot
+    return (1 - label_weight) * e.teacher + label_weight * onehot
+
+
+@dataclass
+class Batch:
+    qtype: torch.Tensor      # (B,)
+    decision: torch.Tensor   # (B, H)
+    options: torch.Tensor    # (B, N, H)
+    loglik: torch.Tensor     # (B, N)
+    mask: torch.Tensor       # (B, N) real answers
+    target: torch.Tensor     # (B, N)
+    ordinal: torch.Tensor    # (B,) score questions
+
+
+def batch(examples: Sequence[Example], layer: int, label_weight: float) -> Batch:
+    """Examples padded to the most answers among them; `layer` indexes the cached layers."""
+    n = max(len(e.labels) for e in examples)
+    B, H = len(examples), examples[0].decision.shape[-1]
+    b = Batch(torch.tensor([TYPES.index(e.qtype) for e in examples]), torch.stack([e.decision[layer] for e in examples]),
+              torch.zeros(B, n, H), torch.zeros(B, n), torch.zeros(B, n, dtype=torch.bool), torch.zeros(B, n),
+              torch.tensor([e.qtype == "score" for e in examples]))
+    for i, e in enumerate(examples):
+        k = len(e.labels)
+        b.options[i, :k] = e.options[:, layer]
+        b.loglik[i, :k] = e.loglik
+        b.mask[i, :k] = True
+        b.target[i, :k] = target(e, label_weight)
+    return b
+
+
+def masked_log_softmax(s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(s.masked_fill(~mask, -1e9), dim=-1)
+
+
+def rewards(p: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, ordinal: torch.Tensor) -> torch.Tensor:
+    """Proper scores of candidate distributions p (G, B, N) against targets t (B, N), higher is better."""
+    log_score = (t * torch.log(p.clamp(min=1e-12))).sum(-1)
+    spherical = (t * p).sum(-1) / p.norm(dim=-1).clamp(min=1e-12)
+    n = mask.sum(-1).clamp(min=2)
+    rps = ((p.cumsum(-1) - t.cumsum(-1)) ** 2 * mask).sum(-1) / (n - 1)
+    return log_score + spherical - rps * ordinal
+
+
+def rl_term(s: torch.Tensor, b: Batch, group: int, sigma: float) -> torch.Tensor:
+    noise = torch.randn(group, *s.shape) * sigma
+    candidates = s.detach()[None] + noise
+    with torch.no_grad():
+        p = masked_log_softmax(candidates, b.mask[None]).exp()
+        r = rewards(p, b.target[None], b.mask[None], b.ordinal[None])
+        advantage = (r - r.mean(0)) / r.std(0).clamp(min=1e-6)
+    distance = (((candidates - s[None]) ** 2) * b.mask[None]).sum(-1) / (2 * sigma ** 2)
+    return (advantage * distance).mean()
+
+
+def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float = 0.0,
+               label_weight: float = 0.5, epochs: int = 300, lr: float = 3e-3, weight_decay: float = 1e-2,
+               group: int = 8, sigma: float = 1.0, seed: int = 0,
+               validation: Sequence[Example] = ()) -> tuple[Readout, dict]:
+    """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
+    log loss (against the gold label) is kept."""
+    torch.manual_seed(seed)
+    head = Readout(cfg)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    b = batch(examples, layer, label_weight)
+    v = batch(validation, layer, 1.0) if validation else None
+    best = (math.inf, None, -1)
+    for epoch in range(epochs):
+        head.train()
+        s = head(b.qtype, b.decision, b.options, b.loglik)
+        ce = -(b.target * masked_log_softmax(s, b.mask)).sum(-1).mean()
+        loss = ce + (rl_weight * rl_term(s, b, group, sigma) if rl_weight else 0.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
+            head.eval()
+            with torch.no_grad():
+                vs = head(v.qtype, v.decision, v.options, v.loglik)
+                vloss = float(-(v.target * masked_log_softmax(vs, v.mask)).sum(-1).mean())
+            if vloss < best[0]:
+                best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
+    if best[1] is not None:
+        head.load_state_dict(best[1])
+    return head.eval(), {"epochs_kept": best[2] if best[1] is not None else epochs, "validation_log_loss": best[0]}
+
+
+def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list[float]]:
+    if not examples:
+        return []
+    b = batch(examples, layer, 1.0)
+    with torch.no_grad():
+        p = masked_log_softmax(head(b.qtype, b.decision, b.options, b.loglik), b.mask).exp()
+    return [p[i, :len(e.labels)].tolist() for i, e in enumerate(examples)]
+
+
+def split_items(n_items: int, fraction: float, seed: int = 0) -> tuple[set[int], set[int]]:
+    ids = list(range(n_items))
+    random.Random(seed).shuffle(ids)
+    k = int(round(n_items * fraction))
+    return set(ids[k:]), set(ids[:k])
+
+
+def exit_threshold(early: Sequence[list[float]], final: Sequence[list[float]], gold: Sequence[int],
+                   max_loss: float = 0.01) -> tuple[float, dict]:
+    """The lowest confidence threshold for the shallow head whose accuracy, mixed with the final head's on
+    the questions it does not take, is within `max_loss` of the final head's alone (on held-out data)."""
+    def acc(ps):
+        return sum(max(range(len(p)), key=p.__getitem__) == g for p, g in zip(ps, gold)) / len(gold)
+    base = acc(final)
+    best = (1.01, 0.0, base)
+    for thr in sorted({round(max(p), 4) for p in early}, reverse=True):
+        mixed = [e if max(e) >= thr else f for e, f in zip(early, final)]
+        a = acc(mixed)
+        if a >= base - max_loss:
+            best = (thr, sum(max(e) >= thr for e in early) / len(early), a)
+    return best[0], {"final_accuracy": base, "exit_fraction": best[1], "mixed_accuracy": best[2]}
+
+
+def fit_readouts(train: Sequence[Example], validation: Sequence[Example], layers: Sequence[int], *, kind: str,
+                 model: str, fingerprint: str, rl_weight: float, label_weight: float, exit_loss: float = 0.01,
+                 seed: int = 0) -> tuple[Readout, Readout | None, dict]:
+    """The final head (on the last cached layer, leaning on the log-likelihoods) and, when two layers are
+    cached, the early-exit head (on the first) with its threshold fitted on `validation`."""
+    hidden = train[0].decision.shape[-1]
+    common = dict(model=model, fingerprint=fingerprint, hidden=hidden, kind=kind)
+    notes = {"train_questions": len(train), "validation_questions": len(validation), "rl_weight": rl_weight,
+             "label_weight": label_weight, "seed": seed}
+    final_cfg = ReadoutConfig(layer=layers[-1], use_base=True, notes=dict(notes), **common)
+    final, log = train_head(train, final_cfg, len(layers) - 1, rl_weight=rl_weight, label_weight=label_weight,
+                            validation=validation, seed=seed)
+    final.cfg.notes.update(log)
+    report = {"final": log}
+    if len(layers) < 2:
+        return final, None, report
+    early_cfg = ReadoutConfig(layer=layers[0], use_base=False, notes=dict(notes), **common)
+    early, log = train_head(train, early_cfg, 0, rl_weight=rl_weight, label_weight=label_weight,
+                            validation=validation, seed=seed)
+    gold = [e.gold for e in validation]
+    threshold, fit = exit_threshold(predict(early, validation, 0), predict(final, validation, len(layers) - 1),
+                                    gold, exit_loss)
+    early.cfg.exit_threshold = threshold
+    early.cfg.notes.update(log, exit_fit=fit)
+    report["early"] = {**log, "exit_threshold": threshold, **fit}
+    return final, early, report

@@ -1,0 +1,131 @@
+"""Trained readouts on tiny models: an untrained head answers like the plain engine, every invariance of
+the packed path holds on the trained path too, early exit runs fewer layers, files are tied to the model,
+and training moves the head towards its targets."""
+from __future__ import annotations
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from prefill.engine import Engine
+from prefill.evaluate import Item
+from prefill.readout import Readout, ReadoutConfig, Readouts
+from prefill.schema import Choice, Noul, Score
+from prefill.server import create_app
+from prefill import training
+
+from .conftest import make_backend
+from .test_exactness import QUESTIONS, STATE, TOL, max_delta
+
+
+def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Readout:
+    torch.manual_seed(seed)
+    r = Readout(ReadoutConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8))
+    with torch.no_grad():
+        for p in r.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)  # a "trained" head: far from the identity
+    return r.eval()
+
+
+def test_an_untrained_head_answers_like_the_plain_engine(tiny_model, tokenizer):
+    plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    untrained = Readout(ReadoutConfig(kind="linear", layer=2, hidden=64, use_base=True))
+    headed = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(untrained))
+    assert max_delta(plain.ask(STATE, QUESTIONS)[0], headed.ask(STATE, QUESTIONS)[0]) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["linear", "pointer"])
+def test_trained_path_keeps_every_invariance(tiny_model, tokenizer, kind):
+    engine = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(head(kind), name="h"))
+    plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    together, _ = engine.ask(STATE, QUESTIONS)
+    assert max_delta(together, plain.ask(STATE, QUESTIONS)[0]) > 0.01  # the head really changes answers
+    for qid, q in QUESTIONS.items():  # packed == alone
+        assert max_delta(engine.ask(STATE, {qid: q})[0], {qid: together[qid]}) <= TOL
+    renamed = {f"x{i}": QUESTIONS[k] for i, k in enumerate(reversed(list(QUESTIONS)))}
+    shuffled, _ = engine.ask(STATE, renamed)  # order and ids
+    assert max_delta({f"x{i}": together[k] for i, k in enumerate(reversed(list(QUESTIONS)))}, shuffled) <= TOL
+    team = QUESTIONS["team"]
+    flipped = Choice(team.instructions, dict(reversed(list(team.criteria.items()))))  # option order
+    a, b = engine.ask(STATE, {"q": team})[0]["q"], engine.ask(STATE, {"q": flipped})[0]["q"]
+    assert all(abs(a.probabilities[k] - b.probabilities[k]) <= TOL for k in team.criteria)
+
+
+def test_early_exit_runs_fewer_layers(tiny_model, tokenizer):
+    backend = make_backend(tiny_model, tokenizer)
+    early = head("linear", layer=1, use_base=False)
+    ran = []
+    hook = backend.model.get_decoder().layers[1].register_forward_hook(lambda *a: ran.append(1))
+    try:
+        always = Engine(backend, use_facts=False, readouts=Readouts(head("linear"), early))
+        early.cfg.exit_threshold = 0.0  # every question exits at layer 1
+        d = always.decide(STATE, QUESTIONS)
+        layer2_calls = len(ran)
+        assert sorted(d.early_exit) == sorted(QUESTIONS) and layer2_calls == 1  # layer 2 ran for the state only
+        early.cfg.exit_threshold = 1.01  # none exits: the final head answers, as without the early head
+        d = always.decide(STATE, QUESTIONS)
+        assert d.early_exit == [] and len(ran) > layer2_calls
+        without = Engine(backend, use_facts=False, readouts=Readouts(head("linear")))
+        assert max_delta(d.answers, without.ask(STATE, QUESTIONS)[0]) <= TOL
+    finally:
+        hook.remove()
+
+
+def test_files_are_tied_to_the_model_and_listed(tmp_path, tiny_model, tokenizer):
+    r = head("pointer")
+    r.cfg.fingerprint = "abc"
+    r.save(tmp_path / "final.json")
+    loaded = Readouts.load(tmp_path, "abc")
+    assert all(torch.equal(a, b) for a, b in zip(r.state_dict().values(), loaded.final.state_dict().values()))
+    with pytest.raises(ValueError, match="trained on model"):
+        Readouts.load(tmp_path, "other")
+    engine = Engine(make_backend(tiny_model, tokenizer), readouts=loaded)
+    client = TestClient(create_app(engine))
+    names = [m["name"] for m in client.get("/v1/models").json()["models"]]
+    assert names[0] == f"tiny+{tmp_path.name}"
+    body = {"model": names[0], "state": STATE, "questions": {"q": {"type": "noul", "instructions": "Refund?"}}}
+    r = client.post("/v1/systemone", json=body)
+    assert r.status_code == 200 and r.json()["model"] == names[0]
+
+
+def test_fallback_escalates_or_flags_low_confidence(tiny_model, tokenizer):
+    strong = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(head("linear", seed=1)))
+    weak = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    flagged = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01)
+    d = flagged.decide(STATE, QUESTIONS)
+    assert sorted(d.low_confidence) == sorted(QUESTIONS) and d.escalated == []
+    client = TestClient(create_app(flagged))
+    body = {"model": "tiny", "state": STATE, "questions": {"q": {"type": "noul", "instructions": "Refund?"}}}
+    assert client.post("/v1/systemone", json=body).json()["x_low_confidence"] == ["q"]
+    escalating = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01, fallback=strong)
+    d = escalating.decide(STATE, QUESTIONS)
+    assert sorted(d.escalated) == sorted(QUESTIONS)
+    assert max_delta(d.answers, strong.ask(STATE, QUESTIONS)[0]) <= TOL
+    never = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=0.0, fallback=strong)
+    assert never.decide(STATE, QUESTIONS).escalated == []
+    assert max_delta(never.ask(STATE, QUESTIONS)[0], weak.ask(STATE, QUESTIONS)[0]) <= TOL
+
+
+@pytest.mark.parametrize("rl_weight", [0.0, 1.0])
+def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
+    """On features from the tiny model, a head learns labels the base model does not know."""
+    backend = make_backend(tiny_model, tokenizer)
+    items = []
+    for i in range(24):
+        angry = i % 2 == 0
+        state = ("I am furious, this is unacceptable! " if angry else "Thanks, all good. ") + f"Order {i}."
+        items.append(Item(state, {"a": Noul("Is the customer angry?"),
+                                  "s": Score("How angry?", ["calm", "annoyed", "furious"])},
+                          {"a": angry, "s": 2 if angry else 0}))
+    examples = training.extract(backend, items, [1, 2])
+    train_ids, val_ids = set(range(16)), set(range(16, 24))
+    train = [e for e in examples if e.item in train_ids]
+    val = [e for e in examples if e.item in val_ids]
+    before = [max(range(len(p)), key=p.__getitem__) == e.gold
+              for p, e in zip(training.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)]
+    final, early, report = training.fit_readouts(train, val, [1, 2], kind="linear", model="tiny", fingerprint="",
+                                                 rl_weight=rl_weight, label_weight=1.0)
+    after = [max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(training.predict(final, val, 1), val)]
+    assert sum(after) == len(val) and sum(after) > sum(before)
+    assert early is not None and early.cfg.exit_threshold is not None and "exit_fraction" in report["early"]
