@@ -54,7 +54,7 @@ class Prefill:
 
     @property
     def name(self) -> str:
-        return self.backend.name
+        return self.engine.name
 
     @overload
     def ask(self, state: Any, questions: QuestionT) -> Answer: ...

@@ -45,3 +45,34 @@ def test_ask_rejects_bad_questions(model_dir):
 def test_missing_model_path_is_a_clear_error(tmp_path):
     run = ask("--model", str(tmp_path / "nope.gguf"), "--state", "x", "--questions", '{"q": {"type": "noul"}}')
     assert run.returncode == 2 and "no model file" in run.stderr and "Traceback" not in run.stderr
+
+
+def prefill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefill.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_record_train_and_serve_a_readout(model_dir, tmp_path):
+    """The teacher loop end to end: record a teacher's answers, train a head on them, evaluate with it."""
+    rows = []
+    for i in range(10):
+        angry = i % 2 == 0
+        rows.append({"family": "a" if i < 8 else "b",
+                     "state": ("I am furious! " if angry else "All good, thanks. ") + f"Order {i}.",
+                     "questions": {"q": {"type": "noul", "instructions": "Is the customer angry?"}},
+                     "gold": {"q": angry}})
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    model = ("--model", str(model_dir))
+    run = prefill("record", str(data), *model, "--out", str(tmp_path / "teacher.jsonl"))
+    assert run.returncode == 0, run.stderr
+    recorded = [json.loads(line) for line in (tmp_path / "teacher.jsonl").read_text().splitlines()]
+    assert len(recorded) == 10 and recorded[0]["response"]["answers"]["q"]["type"] == "noul"
+    run = prefill("train", str(data), *model, "--teacher", str(tmp_path / "teacher.jsonl"), "--early-layer", "1",
+                  "--exclude-families", "b", "--out", str(tmp_path / "head"))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["items"] == 8 and report["with_teacher"] == 8 and report["layers"] == [1, 2]
+    assert (tmp_path / "head" / "final.safetensors").is_file() and (tmp_path / "head" / "early.json").is_file()
+    run = prefill("eval", str(data), *model, "--readout", str(tmp_path / "head"), "--out", str(tmp_path / "ev"))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["model"].endswith("+head")

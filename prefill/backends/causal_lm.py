@@ -178,7 +178,9 @@ class CausalLMBackend:
         if not layers:
             return scores
         hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu()  # (n, n_layers, hidden)
-        return [Features(s, hidden[tree.decision[q]], hidden[tree.option_end[q]]) for q, s in enumerate(scores)]
+        # copies, not views: a view would keep the whole chunk's hidden states alive (and saved, when cached)
+        return [Features(s, hidden[tree.decision[q]].clone(), hidden[tree.option_end[q]].clone())
+                for q, s in enumerate(scores)]
 
     # -- a question too large for one chunk (say 255 long options): its prompt extends the cached state,
     #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
