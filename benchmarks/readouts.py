@@ -118,10 +118,9 @@ def main() -> None:
                             "accuracy_final_only": scores(ex, deep)["accuracy"],
                             "accuracy_with_exit": scores(ex, mixed)["accuracy"],
                             "shallow_head_alone": scores(ex, shallow)["accuracy"],
-                            # question-pass layer compute saved: exited questions skip layers k..L; the rest
-                            # rerun from layer 1 (as served) or would resume at k (not implemented)
-                            "compute_saved_as_served": round(f_exit - k / depth, 3),
-                            "compute_saved_if_resumed": round(f_exit * (depth - k) / depth, 3)}
+                            # decoder-layer compute of the question pass saved: exited questions skip
+                            # layers k+1..L, the rest resume at k (as served); the state runs in full either way
+                            "compute_saved": round(f_exit * (depth - k) / depth, 3)}
         early[f"layer {k} of {depth}"] = result
     # fallback: escalate the student's least sure questions to the teacher
     fallback = {}

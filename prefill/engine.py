@@ -126,23 +126,27 @@ class Engine:
 
     def _read_heads(self, state_ids: Sequence[int], branches: Sequence[Branches],
                     qtypes: Sequence[str]) -> tuple[list[list[float]], set[int]]:
-        """Trained heads: the shallow one first (a pass over its layers only), if it has one; questions it
-        is not sure of go on to the final head (a full-depth pass)."""
+        """Trained heads. With a shallow head, the questions first run through its layers only; those it is
+        sure of stop there, the others continue through the remaining layers to the final head."""
         heads = self.readouts
-        out: list[list[float] | None] = [None] * len(branches)
-        if heads.early is not None:
-            layer = heads.early.cfg.layer
-            for i, f in enumerate(self.backend.features(state_ids, branches, [layer], depth=layer)):
-                p = softmax(heads.early.score(qtypes[i], f.decision[0], f.options[:, 0], f.loglik))
-                if max(p) >= heads.early.cfg.exit_threshold:
-                    out[i] = p
-        exited = {i for i, p in enumerate(out) if p is not None}
-        rest = [i for i in range(len(branches)) if i not in exited]
-        if rest:
-            feats = self.backend.features(state_ids, [branches[i] for i in rest], [heads.final.cfg.layer])
-            for i, f in zip(rest, feats):
-                out[i] = softmax(heads.final.score(qtypes[i], f.decision[0], f.options[:, 0], f.loglik))
-        return out, exited
+        final = heads.final
+        if heads.early is None:
+            feats = self.backend.features(state_ids, branches, [final.cfg.layer])
+            return [self._head_probs(final, t, f) for t, f in zip(qtypes, feats)], set()
+        early, shallow = heads.early, {}
+
+        def exits(i: int, f) -> bool:
+            shallow[i] = self._head_probs(early, qtypes[i], f)
+            return max(shallow[i]) >= early.cfg.exit_threshold
+
+        pairs = self.backend.features_early_exit(state_ids, branches, early.cfg.layer, final.cfg.layer, exits)
+        out = [shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep)
+               for i, (_, deep) in enumerate(pairs)]
+        return out, {i for i, (_, deep) in enumerate(pairs) if deep is None}
+
+    @staticmethod
+    def _head_probs(head, qtype: str, f) -> list[float]:
+        return softmax(head.score(qtype, f.decision[0], f.options[:, 0], f.loglik))
 
     def _check_limits(self, state: Sequence[int], branches: Sequence[Branches]) -> int:
         longest = max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)

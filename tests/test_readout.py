@@ -63,13 +63,30 @@ def test_early_exit_runs_fewer_layers(tiny_model, tokenizer):
         d = always.decide(STATE, QUESTIONS)
         layer2_calls = len(ran)
         assert sorted(d.early_exit) == sorted(QUESTIONS) and layer2_calls == 1  # layer 2 ran for the state only
-        early.cfg.exit_threshold = 1.01  # none exits: the final head answers, as without the early head
+        early.cfg.exit_threshold = 1.01  # none exits: they resume at layer 2, as without the early head
         d = always.decide(STATE, QUESTIONS)
-        assert d.early_exit == [] and len(ran) > layer2_calls
+        assert d.early_exit == [] and len(ran) == layer2_calls + 1
         without = Engine(backend, use_facts=False, readouts=Readouts(head("linear")))
         assert max_delta(d.answers, without.ask(STATE, QUESTIONS)[0]) <= TOL
     finally:
         hook.remove()
+
+
+def test_resuming_after_early_exit_is_exact(tiny_model, tokenizer):
+    """Questions that do not exit continue from their layer-1 states; a subset of the tree continued alone
+    gives the same final-layer features as the full-depth pass of the whole tree."""
+    backend = make_backend(tiny_model, tokenizer)
+    r = backend.renderer
+    state, branches = r.state(STATE), [r.question(q) for q in QUESTIONS.values()]
+    full = backend.features(state, branches, [2])
+    pairs = backend.features_early_exit(state, branches, 1, 2, lambda i, f: i % 2 == 0)
+    for i, (shallow, deep) in enumerate(pairs):
+        assert (deep is None) == (i % 2 == 0)
+        if deep is not None:
+            assert torch.allclose(deep.options, full[i].options, atol=1e-4)
+            assert torch.allclose(deep.decision, full[i].decision, atol=1e-4)
+            assert max(abs(a - b) for a, b in zip(deep.loglik, full[i].loglik)) < 1e-3
+    assert len(backend.model.get_decoder().layers) == 2  # the layer list is restored
 
 
 def test_files_are_tied_to_the_model_and_listed(tmp_path, tiny_model, tokenizer):

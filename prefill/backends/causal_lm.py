@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +84,7 @@ class CausalLMBackend:
         self.forward_calls = 0  # forward passes run: the state, then one per chunk
         self.state_cache_tokens = state_cache_tokens
         self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
+        self._all_layers = list(model.get_decoder().layers)
 
     # -- the interface
     @torch.inference_mode()
@@ -102,37 +103,68 @@ class CausalLMBackend:
         return scores
 
     @torch.inference_mode()
-    def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int],
-                 depth: int | None = None) -> list[Features]:
+    def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int]) -> list[Features]:
         """Hidden states for trained readouts, from the same packed pass as `score` (same mask, same
-        isolation). `depth` runs only the first `depth` decoder layers over the questions (early exit);
-        the state is always run in full, once, and cached."""
+        isolation)."""
+        cache = self._run_state(state)
+        out: list[Features] = []
+        for chunk in self._readout_chunks(state, questions):
+            tree = _Tree.build(chunk, len(state))
+            scores, hidden = self._tree_pass(cache, len(state), tree, layers)
+            out += tree.features(scores, hidden)
+        return out
+
+    @torch.inference_mode()
+    def features_early_exit(self, state: Sequence[int], questions: Sequence[Branches], early: int, final: int,
+                            exits: Callable[[int, Features], bool]) -> list[tuple[Features, Features | None]]:
+        """Early exit: the questions run through decoder layers 1..`early` only; `exits(i, features)` says
+        whether question i stops there; the others resume from their layer-`early` hidden states through
+        the remaining layers (no layer runs twice), and get their layer-`final` features too. Exact: a
+        question's tokens see only the state and themselves, so continuing a subset of the tree is the
+        same computation as continuing all of it."""
+        cache = self._run_state(state)
+        n_state = len(state)
+        out: list[tuple[Features, Features | None]] = []
+        for chunk in self._readout_chunks(state, questions):
+            tree = _Tree.build(chunk, n_state)
+            with self._layers(0, early):
+                scores, hidden = self._tree_pass(cache, n_state, tree, [early])
+            shallow = tree.features(scores, hidden)
+            stay = [q for q, f in enumerate(shallow) if not exits(len(out) + q, f)]
+            deep: dict[int, Features] = {}
+            if stay:
+                sub = _Tree.build([chunk[q] for q in stay], n_state)
+                rows = torch.cat([tree.rows_of(q) for q in stay])
+                with self._layers(early, None):
+                    scores, hidden_sub = self._tree_pass(cache, n_state, sub, [final], inputs_embeds=hidden[rows, 0])
+                deep = dict(zip(stay, sub.features(scores, hidden_sub)))
+            out += [(f, deep.get(q)) for q, f in enumerate(shallow)]
+        return out
+
+    def _readout_chunks(self, state: Sequence[int], questions: Sequence[Branches]) -> Iterator[list[Branches]]:
         if self.packing == "rows" or self.sliding_window is not None:
             raise ReadoutUnsupported("trained readouts need packed mode (a model that takes attention masks, "
                                      "without a sliding window)")
-        cache = self._run_state(state)
-        out: list[Features] = []
         for chunk in _chunks(questions, self.chunk_tokens):
             if len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
                 raise ReadoutUnsupported(f"a question of {chunk[0].n_tokens} tokens is over the {self.chunk_tokens}-token "
                                          "chunk a trained readout reads in one pass; shorten its options")
-            with self._depth(depth):
-                out += self._score_packed(cache, len(state), chunk, layers)
-        return out
-
-    def _decoder_layers(self):
-        return self.model.get_decoder().layers
+            yield chunk
 
     @contextlib.contextmanager
-    def _depth(self, depth: int | None):
-        """Run only the first `depth` decoder layers: HF decoders loop over layers[:num_hidden_layers]."""
-        cfg = self.model.get_decoder().config
-        full = cfg.num_hidden_layers
-        cfg.num_hidden_layers = depth or full
+    def _layers(self, start: int, stop: int | None):
+        """Run decoder layers start+1..stop only (1-based; stop None = the last). HF decoders loop over
+        `layers[:num_hidden_layers]`, and each attention layer keeps its own index into the cache, so a
+        slice of the layer list is a pass over those layers."""
+        decoder = self.model.get_decoder()
+        full, count = decoder.layers, decoder.config.num_hidden_layers
+        stop = count if stop is None else stop
+        decoder.layers = torch.nn.ModuleList(list(full)[start:stop])
+        decoder.config.num_hidden_layers = stop - start
         try:
             yield
         finally:
-            cfg.num_hidden_layers = full
+            decoder.layers, decoder.config.num_hidden_layers = full, count
 
     # -- the state, once
     def _run_state(self, state: Sequence[int]) -> DynamicCache:
@@ -151,13 +183,16 @@ class CausalLMBackend:
         return cache
 
     # -- packed: one sequence, a tree mask
-    def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches],
-                      layers: Sequence[int] = ()) -> list:
-        """Each question's answer log-likelihoods; with `layers`, its Features (hidden states after those
-        decoder layers, 1-based) instead."""
-        tree = _Tree.build(chunk, n_state)
+    def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
+        return self._tree_pass(cache, n_state, _Tree.build(chunk, n_state))[0]
+
+    def _tree_pass(self, cache: DynamicCache, n_state: int, tree: _Tree, layers: Sequence[int] = (),
+                   inputs_embeds: torch.Tensor | None = None) -> tuple[list[list[float]], torch.Tensor | None]:
+        """One pass of the tree over the cached state: each question's answer log-likelihoods, and with
+        `layers` the hidden states after those decoder layers (1-based), (n_tokens, n_layers, hidden).
+        `inputs_embeds` starts the pass from given hidden states instead of the tokens' embeddings."""
         captured: dict[int, torch.Tensor] = {}
-        hooks = [self._decoder_layers()[i - 1].register_forward_hook(
+        hooks = [self._all_layers[i - 1].register_forward_hook(
             lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0]))
             for i in layers]
         n = len(tree.ids)
@@ -165,22 +200,18 @@ class CausalLMBackend:
         mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype)  # the state is visible to all
         mask[0, 0, :, n_state:].masked_fill_(~visible, torch.finfo(self.dtype).min)
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
+        inputs = ({"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)} if inputs_embeds is not None
+                  else {"input_ids": torch.tensor([tree.ids], device=self.device)})
         try:
-            out = self.model(input_ids=torch.tensor([tree.ids], device=self.device),
-                             position_ids=torch.tensor([tree.positions], device=self.device),
+            out = self.model(**inputs, position_ids=torch.tensor([tree.positions], device=self.device),
                              attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
                              logits_to_keep=torch.tensor(tree.read_from, device=self.device))
         finally:
             for h in hooks:
                 h.remove()
         self.forward_calls += 1
-        scores = tree.sum_logprobs(out.logits[0])
-        if not layers:
-            return scores
-        hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu()  # (n, n_layers, hidden)
-        # copies, not views: a view would keep the whole chunk's hidden states alive (and saved, when cached)
-        return [Features(s, hidden[tree.decision[q]].clone(), hidden[tree.option_end[q]].clone())
-                for q, s in enumerate(scores)]
+        hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu() if layers else None
+        return tree.sum_logprobs(out.logits[0]), hidden
 
     # -- a question too large for one chunk (say 255 long options): its prompt extends the cached state,
     #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
@@ -271,6 +302,15 @@ class _Tree:
             self._slot[index] = len(self.read_from)
             self.read_from.append(index)
         return self._slot[index]
+
+    def rows_of(self, q: int) -> torch.Tensor:
+        """The sequence indices of question q's tokens (contiguous: prompt, then its answers)."""
+        return (torch.tensor(self.question) == q).nonzero().squeeze(1)
+
+    def features(self, scores: list[list[float]], hidden: torch.Tensor) -> list[Features]:
+        # copies, not views: a view would keep the whole chunk's hidden states alive (and saved, when cached)
+        return [Features(s, hidden[self.decision[q]].clone(), hidden[self.option_end[q]].clone())
+                for q, s in enumerate(scores)]
 
     def visibility(self) -> torch.Tensor:
         """Token i sees token j iff j <= i, same question, and j is the prompt or i's own answer."""
