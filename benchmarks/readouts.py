@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from prefill import Prefill, metrics, training
+from prefill.engine import choice_confidence as confidence
 from prefill.engine import softmax
 from prefill.evaluate import load_jsonl
 
@@ -50,8 +52,10 @@ def features(pf: Prefill, paths, teacher_paths, layers, cache: Path) -> list[tra
 
 
 def scores(examples, probs) -> dict:
-    """Accuracy over all questions, and per type accuracy, log loss and ECE."""
-    out = {"n": len(examples), "accuracy": round(sum(metrics.argmax(p) == e.gold for p, e in zip(probs, examples)) / len(examples), 4)}
+    """Accuracy and ECE (top answer's probability) over all questions, and per type accuracy, log loss, ECE."""
+    preds = [(p, e.gold) for p, e in zip(probs, examples)]
+    out = {"n": len(examples), "accuracy": round(metrics.accuracy(preds), 4), "ece": round(metrics.ece(preds), 4),
+           "ece_floor": round(metrics.ece_floor(preds), 4)}
     for t in TYPES:
         rows = [(p, e) for p, e in zip(probs, examples) if e.qtype == t]
         if rows:
@@ -66,7 +70,9 @@ def main() -> None:
     ap.add_argument("--out", default="out/readouts")
     ap.add_argument("--early-layers", default="10,15,20")
     ap.add_argument("--label-weight", type=float, default=0.5)
+    ap.add_argument("--seeds", default="0,1,2", help="train/validation splits (and training seeds) to repeat the students over")
     args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
     d, out = Path(args.data), Path(args.out)
     pf = Prefill(facts=False)
     depth = pf.backend.model.config.num_hidden_layers
@@ -79,9 +85,12 @@ def main() -> None:
                     [d / "teacher-qwen05-sys1bench-test.jsonl", d / "teacher-qwen05-generated-test.jsonl"],
                     layers, out / "features-test.pt")
     seen = [e for e in train_all if e.family not in HELD_OUT]
-    fit_ids, val_ids = training.split_items(max(e.item for e in seen) + 1, 0.2)
-    fit = [e for e in seen if e.item in fit_ids]
-    val = [e for e in seen if e.item in val_ids]
+
+    def split(seed: int):
+        fit_ids, val_ids = training.split_items(max(e.item for e in seen) + 1, 0.2, seed)
+        return [e for e in seen if e.item in fit_ids], [e for e in seen if e.item in val_ids]
+
+    fit, val = split(seeds[0])
     splits = {"held-out families": [e for e in test if e.family in HELD_OUT],
               "training families, new items": [e for e in test if e.family not in HELD_OUT]}
     cal = pf.engine.calibration
@@ -92,28 +101,41 @@ def main() -> None:
         rows["training-free (calibrated)"][name] = scores(ex, [softmax(cal.adjust(e.qtype, e.loglik.tolist())) for e in ex])
         rows["teacher Qwen2.5-Coder-0.5B (calibrated)"][name] = scores(ex, [e.teacher.tolist() for e in ex])
     heads = {}
-    for kind in ("linear", "pointer"):
-        for rl in (0.0, 1.0):
-            label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
-            cfg = training.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
-            head, log = training.train_head(fit, cfg, last, rl_weight=rl, label_weight=args.label_weight, validation=val)
-            heads[label] = head
-            for name, ex in splits.items():
-                rows[label][name] = scores(ex, training.predict(head, ex, last))
-            rows[label]["training"] = log
+    runs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for seed in seeds:
+        fit_s, _ = split(seed)
+        for kind in ("linear", "pointer"):
+            for rl in (0.0, 1.0):
+                label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
+                cfg = training.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
+                head, log = training.fit_head(fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed)
+                for name, ex in splits.items():
+                    s = scores(ex, training.predict(head, ex, last))
+                    runs[label][name].append((s["accuracy"], s["ece"]))
+                    if seed == seeds[0]:
+                        rows[label][name] = s
+                if seed == seeds[0]:
+                    heads[label] = head
+                    rows[label]["training"] = log
+    spread = {label: {name: {"accuracy": [a for a, _ in r], "ece": [e for _, e in r],
+                             "accuracy_mean": round(statistics.mean(a for a, _ in r), 4),
+                             "accuracy_sd": round(statistics.pstdev(a for a, _ in r), 4),
+                             "ece_mean": round(statistics.mean(e for _, e in r), 4),
+                             "ece_sd": round(statistics.pstdev(e for _, e in r), 4)}
+                      for name, r in by_split.items()} for label, by_split in runs.items()}
     # early exit: a head per intermediate layer, threshold fitted on the validation items
-    final = heads["student linear, CE only"]
+    final = heads["student linear, CE only"]  # the default of prefill train
     early = {}
     for i, k in enumerate(early_layers):
         cfg = training.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
-        head, _ = training.train_head(fit, cfg, i, label_weight=args.label_weight, validation=val)
+        head, _ = training.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
         thr, fit_report = training.exit_threshold(training.predict(head, val, i), training.predict(final, val, last),
                                                   [e.gold for e in val])
         result = {"threshold": thr, "validation": fit_report}
         for name, ex in splits.items():
             shallow, deep = training.predict(head, ex, i), training.predict(final, ex, last)
-            mixed = [s if max(s) >= thr else f for s, f in zip(shallow, deep)]
-            f_exit = sum(max(s) >= thr for s in shallow) / len(ex)
+            mixed = [s if confidence(s) >= thr else f for s, f in zip(shallow, deep)]
+            f_exit = sum(confidence(s) >= thr for s in shallow) / len(ex)
             result[name] = {"exit_fraction": round(f_exit, 3),
                             "accuracy_final_only": scores(ex, deep)["accuracy"],
                             "accuracy_with_exit": scores(ex, mixed)["accuracy"],
@@ -127,16 +149,48 @@ def main() -> None:
     for name, ex in splits.items():
         student = training.predict(final, ex, last)
         curve = []
-        for thr in (0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01):
-            mixed = [e.teacher.tolist() if max(p) < thr else p for p, e in zip(student, ex)]
-            curve.append({"threshold": thr, "escalated": round(sum(max(p) < thr for p in student) / len(ex), 3),
+        for thr in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01):
+            mixed = [e.teacher.tolist() if confidence(p) < thr else p for p, e in zip(student, ex)]
+            curve.append({"threshold": thr, "escalated": round(sum(confidence(p) < thr for p in student) / len(ex), 3),
                           "accuracy": scores(ex, mixed)["accuracy"]})
         fallback[name] = curve
     result = {"layers": layers, "train_questions": len(fit), "validation_questions": len(val),
-              "held_out_families": HELD_OUT, "rows": rows, "early_exit": early, "fallback": fallback}
+              "held_out_families": HELD_OUT, "rows": rows, "seeds": seeds, "students_over_seeds": spread,
+              "early_exit": early, "fallback": fallback}
     out.mkdir(parents=True, exist_ok=True)
     (out / "readouts.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    print(table(result))
+
+
+def table(result: dict) -> str:
+    """The README's tables, from readouts.json."""
+    lines = ["| readout | split | accuracy | ECE (floor) | noul acc / ECE | choice acc / ECE | score acc / ECE |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in result["rows"].items():
+        for split in ("held-out families", "training families, new items"):
+            x = row[split]
+            cells = [f"{x[t]['accuracy']:.3f} / {x[t]['ece']:.3f}" if t in x else "" for t in TYPES]
+            lines.append(f"| {name} | {split} | {x['accuracy']:.3f} | {x['ece']:.3f} ({x['ece_floor']:.3f}) | "
+                         + " | ".join(cells) + " |")
+    lines += ["", f"| student, over splits {result['seeds']} | split | accuracy mean ± sd | ECE mean ± sd |",
+              "| --- | --- | --- | --- |"]
+    for label, by_split in result["students_over_seeds"].items():
+        for split, x in by_split.items():
+            lines.append(f"| {label} | {split} | {x['accuracy_mean']:.3f} ± {x['accuracy_sd']:.3f} | "
+                         f"{x['ece_mean']:.3f} ± {x['ece_sd']:.3f} |")
+    lines += ["", "| early-exit head | split | exits | accuracy: final head / with exit | layer compute saved |",
+              "| --- | --- | --- | --- | --- |"]
+    for layer, r in result["early_exit"].items():
+        for split in ("held-out families", "training families, new items"):
+            x = r[split]
+            lines.append(f"| {layer} (threshold {r['threshold']:.3f}) | {split} | {x['exit_fraction']:.1%} | "
+                         f"{x['accuracy_final_only']:.3f} / {x['accuracy_with_exit']:.3f} | {x['compute_saved']:.1%} |")
+    lines += ["", "| fallback threshold | " + " | ".join(str(p["threshold"]) for p in result["fallback"]["held-out families"]) + " |",
+              "| --- " * (len(result["fallback"]["held-out families"]) + 1) + "|"]
+    for split, curve in result["fallback"].items():
+        lines.append(f"| {split}: escalated / accuracy | " + " | ".join(f"{p['escalated']:.0%} / {p['accuracy']:.3f}" for p in curve) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

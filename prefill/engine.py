@@ -50,8 +50,8 @@ class Engine:
     # Trained heads (prefill train) read instead of the training-free log-likelihoods; they carry their own
     # calibration (trained on proper scores), so `calibration` is not applied to them.
     readouts: Readouts | None = None
-    # Questions whose top probability is under `fallback_below` are re-asked to `fallback` (a stronger
-    # engine) if there is one, else reported as low-confidence.
+    # Questions whose confidence (p_max - 1/n)/(1 - 1/n), comparable across option counts, is under
+    # `fallback_below` are re-asked to `fallback` (a stronger engine) if there is one, else reported.
     fallback_below: float | None = None
     fallback: Engine | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -79,7 +79,7 @@ class Engine:
         probs, n_tokens, early = self.probabilities(state, questions, reference_date)
         low, escalated = [], []
         if self.fallback_below is not None:
-            low = [qid for qid, p in probs.items() if max(p) < self.fallback_below]
+            low = [qid for qid, p in probs.items() if choice_confidence(p) < self.fallback_below]
         if low and self.fallback is not None:
             more, extra_tokens, _ = self.fallback.probabilities(state, {q: questions[q] for q in low}, reference_date)
             probs.update(more)
@@ -137,7 +137,7 @@ class Engine:
 
         def exits(i: int, f) -> bool:
             shallow[i] = self._head_probs(early, qtypes[i], f)
-            return max(shallow[i]) >= early.cfg.exit_threshold
+            return choice_confidence(shallow[i]) >= early.cfg.exit_threshold
 
         pairs = self.backend.features_early_exit(state_ids, branches, early.cfg.layer, final.cfg.layer, exits)
         out = [shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .evaluate import Item, answer_labels, gold_index, parse_questions, vector
+from .engine import choice_confidence as confidence
+from .evaluate import Item, answer_labels, gold_index, parse_questions
 from .readout import TYPES, Readout, ReadoutConfig
 
 
@@ -143,14 +144,19 @@ def rl_term(s: torch.Tensor, b: Batch, group: int, sigma: float) -> torch.Tensor
 
 
 def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float = 0.0,
-               label_weight: float = 0.5, epochs: int = 300, lr: float = 3e-3, weight_decay: float = 1e-2,
+               label_weight: float = 0.5, epochs: int = 400, lr: float = 1e-2, weight_decay: float = 0.1,
                group: int = 8, sigma: float = 1.0, seed: int = 0,
                validation: Sequence[Example] = ()) -> tuple[Readout, dict]:
     """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
-    log loss (against the gold label) is kept."""
+    log loss (against the gold label) is kept. Weight decay pulls the head towards zero, that is towards
+    the training-free answer (α, the weight of the log-likelihood, is not decayed)."""
     torch.manual_seed(seed)
     head = Readout(cfg)
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
+    groups = [{"params": weights, "weight_decay": weight_decay}]
+    if cfg.use_base:
+        groups.append({"params": [head.alpha], "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=lr)
     b = batch(examples, layer, label_weight)
     v = batch(validation, layer, 1.0) if validation else None
     best = (math.inf, None, -1)
@@ -174,6 +180,36 @@ def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, r
     return head.eval(), {"epochs_kept": best[2] if best[1] is not None else epochs, "validation_log_loss": best[0]}
 
 
+def choose(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float, label_weight: float,
+           grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0, 100.0)) -> dict:
+    """Weight decay and epochs chosen by leave-one-family-out: fitted on all families but one, scored on
+    that one, so the choice favours heads that carry over to families they never saw (with one family,
+    a 20% item split instead)."""
+    families = sorted({e.family for e in examples})
+    if len(families) > 1:
+        folds = [([e for e in examples if e.family != f], [e for e in examples if e.family == f]) for f in families]
+    else:
+        fit_ids, val_ids = split_items(max(e.item for e in examples) + 1, 0.2)
+        folds = [([e for e in examples if e.item in fit_ids], [e for e in examples if e.item in val_ids])]
+    results = []
+    for wd in grid:
+        logs = [train_head(fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd,
+                           validation=val)[1] for fit, val in folds]
+        loss = sum(lg["validation_log_loss"] * len(val) for lg, (_, val) in zip(logs, folds)) / len(examples)
+        epochs = round(sum(lg["epochs_kept"] for lg in logs) / len(logs))
+        results.append({"weight_decay": wd, "epochs": epochs, "held_out_family_log_loss": round(loss, 4)})
+    return min(results, key=lambda r: r["held_out_family_log_loss"]) | {"grid": results}
+
+
+def fit_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float,
+             label_weight: float, seed: int = 0) -> tuple[Readout, dict]:
+    """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs."""
+    chosen = choose(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight)
+    head, _ = train_head(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight,
+                         weight_decay=chosen["weight_decay"], epochs=max(chosen["epochs"], 1), seed=seed)
+    return head, chosen
+
+
 def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list[float]]:
     if not examples:
         return []
@@ -193,16 +229,18 @@ def split_items(n_items: int, fraction: float, seed: int = 0) -> tuple[set[int],
 def exit_threshold(early: Sequence[list[float]], final: Sequence[list[float]], gold: Sequence[int],
                    max_loss: float = 0.01) -> tuple[float, dict]:
     """The lowest confidence threshold for the shallow head whose accuracy, mixed with the final head's on
-    the questions it does not take, is within `max_loss` of the final head's alone (on held-out data)."""
+    the questions it does not take, is within `max_loss` of the final head's alone (on held-out data).
+    Confidence is (p_max - 1/n)/(1 - 1/n), as the engine uses it."""
     def acc(ps):
         return sum(max(range(len(p)), key=p.__getitem__) == g for p, g in zip(ps, gold)) / len(gold)
     base = acc(final)
     best = (1.01, 0.0, base)
-    for thr in sorted({round(max(p), 4) for p in early}, reverse=True):
-        mixed = [e if max(e) >= thr else f for e, f in zip(early, final)]
+    sure = [confidence(e) for e in early]
+    for thr in sorted({round(c, 4) for c in sure}, reverse=True):
+        mixed = [e if c >= thr else f for e, c, f in zip(early, sure, final)]
         a = acc(mixed)
         if a >= base - max_loss:
-            best = (thr, sum(max(e) >= thr for e in early) / len(early), a)
+            best = (thr, sum(c >= thr for c in sure) / len(early), a)
     return best[0], {"final_accuracy": base, "exit_fraction": best[1], "mixed_accuracy": best[2]}
 
 
@@ -216,15 +254,13 @@ def fit_readouts(train: Sequence[Example], validation: Sequence[Example], layers
     notes = {"train_questions": len(train), "validation_questions": len(validation), "rl_weight": rl_weight,
              "label_weight": label_weight, "seed": seed}
     final_cfg = ReadoutConfig(layer=layers[-1], use_base=True, notes=dict(notes), **common)
-    final, log = train_head(train, final_cfg, len(layers) - 1, rl_weight=rl_weight, label_weight=label_weight,
-                            validation=validation, seed=seed)
+    final, log = fit_head(train, final_cfg, len(layers) - 1, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
     final.cfg.notes.update(log)
     report = {"final": log}
     if len(layers) < 2:
         return final, None, report
     early_cfg = ReadoutConfig(layer=layers[0], use_base=False, notes=dict(notes), **common)
-    early, log = train_head(train, early_cfg, 0, rl_weight=rl_weight, label_weight=label_weight,
-                            validation=validation, seed=seed)
+    early, log = fit_head(train, early_cfg, 0, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
     gold = [e.gold for e in validation]
     threshold, fit = exit_threshold(predict(early, validation, 0), predict(final, validation, len(layers) - 1),
                                     gold, exit_loss)

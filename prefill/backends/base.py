@@ -25,8 +25,8 @@ class Backend(Protocol):
         """Log-likelihood of each answer's whole token sequence given the state and its question."""
         ...
 
-    # Backends that serve trained readouts also have
-    # features(state, questions, layers, depth=None) -> list[Features]: hidden states from the same pass.
+    # Backends that serve trained readouts also have features(state, questions, layers) (hidden states
+    # from the same packed pass) and features_early_exit(state, questions, early, final, exits).
 
 
 class ReadoutUnsupported(ValueError):
