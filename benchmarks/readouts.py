@@ -64,6 +64,14 @@ def scores(examples, probs) -> dict:
     return out
 
 
+def write_held_out(d: Path) -> None:
+    """The held-out families' test items as one file, for `prefill eval --readout` on the served path."""
+    lines = [line for name in ("sys1bench-test.jsonl", "generated-test.jsonl")
+             for line in (d / name).read_text(encoding="utf-8").splitlines()
+             if line.strip() and json.loads(line).get("family") in HELD_OUT]
+    (d / "heldout-families-test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="out")
@@ -74,6 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     d, out = Path(args.data), Path(args.out)
+    write_held_out(d)
     pf = Prefill(facts=False)
     depth = pf.backend.model.config.num_hidden_layers
     early_layers = [int(x) for x in args.early_layers.split(",")]
