@@ -48,7 +48,8 @@ class Engine:
     # Exact answers for single numeric/date comparisons (see facts.py and the README's measurement).
     use_facts: bool = True
     # Trained heads (prefill train) read instead of the training-free log-likelihoods; they carry their own
-    # calibration (trained on proper scores), so `calibration` is not applied to them.
+    # calibration (per-type temperatures fitted on families they did not train on), so `calibration`, which
+    # is the base model's, is not applied to them.
     readouts: Readouts | None = None
     # Questions whose confidence (p_max - 1/n)/(1 - 1/n), comparable across option counts, is under
     # `fallback_below` are re-asked to `fallback` (a stronger engine) if there is one, else reported.

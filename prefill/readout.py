@@ -11,7 +11,10 @@ and the head at 0: an untrained readout answers exactly like the plain engine, a
 where the data says so. A head on an intermediate layer has no log-likelihood to lean on (the LM head
 reads the last layer only); it is what early exit uses.
 
-A readout file is safetensors (the weights) plus JSON (the config, the base model's fingerprint, how it was
+Each head also carries a temperature per question type, fitted by `prefill train` on predictions for
+families the head did not see, and applied whenever it scores.
+
+A readout file is safetensors (the weights and temperatures) plus JSON (the config, the base model's fingerprint, how it was
 trained and what it scored), refused by any other base model.
 """
 from __future__ import annotations
@@ -55,6 +58,9 @@ class Readout(nn.Module):
             self.k = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
         self.alpha = nn.Parameter(torch.ones(len(TYPES)) if cfg.use_base else torch.zeros(len(TYPES)),
                                   requires_grad=cfg.use_base)
+        # Per-type temperatures, fitted after training on predictions for families the head did not see
+        # (training.fit_head); 1 while training.
+        self.register_buffer("temperature", torch.ones(len(TYPES)))
 
     def forward(self, qtype: torch.Tensor, decision: torch.Tensor, options: torch.Tensor,
                 loglik: torch.Tensor) -> torch.Tensor:
@@ -67,7 +73,7 @@ class Readout(nn.Module):
             s = torch.einsum("br,bnr->bn", self.norm(decision) @ self.q.T, h @ self.k.T) / math.sqrt(self.cfg.rank)
         if self.cfg.use_base:
             s = s + self.alpha[qtype, None] * loglik
-        return s
+        return s / self.temperature[qtype, None]
 
     def score(self, qtype: str, decision: torch.Tensor, options: torch.Tensor, loglik) -> list[float]:
         """One question's scores: decision (H,), options (N, H)."""

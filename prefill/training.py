@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .calibration import fit_temperature
 from .engine import choice_confidence as confidence
 from .evaluate import Item, answer_labels, gold_index, parse_questions
 from .readout import TYPES, Readout, ReadoutConfig
@@ -181,32 +182,42 @@ def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, r
 
 
 def choose(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float, label_weight: float,
-           grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0, 100.0)) -> dict:
+           grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0, 100.0)) -> tuple[dict, list]:
     """Weight decay and epochs chosen by leave-one-family-out: fitted on all families but one, scored on
     that one, so the choice favours heads that carry over to families they never saw (with one family,
-    a 20% item split instead)."""
+    a 20% item split instead). Also returns the chosen setting's out-of-fold (probabilities, example) pairs."""
     families = sorted({e.family for e in examples})
     if len(families) > 1:
         folds = [([e for e in examples if e.family != f], [e for e in examples if e.family == f]) for f in families]
     else:
         fit_ids, val_ids = split_items(max(e.item for e in examples) + 1, 0.2)
         folds = [([e for e in examples if e.item in fit_ids], [e for e in examples if e.item in val_ids])]
-    results = []
+    results, out_of_fold = [], {}
     for wd in grid:
-        logs = [train_head(fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd,
-                           validation=val)[1] for fit, val in folds]
+        runs = [train_head(fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd,
+                           validation=val) for fit, val in folds]
+        logs = [log for _, log in runs]
         loss = sum(lg["validation_log_loss"] * len(val) for lg, (_, val) in zip(logs, folds)) / len(examples)
         epochs = round(sum(lg["epochs_kept"] for lg in logs) / len(logs))
         results.append({"weight_decay": wd, "epochs": epochs, "held_out_family_log_loss": round(loss, 4)})
-    return min(results, key=lambda r: r["held_out_family_log_loss"]) | {"grid": results}
+        out_of_fold[wd] = [pair for (head, _), (_, val) in zip(runs, folds) for pair in zip(predict(head, val, layer), val)]
+    best = min(results, key=lambda r: r["held_out_family_log_loss"])
+    return best | {"grid": results}, out_of_fold[best["weight_decay"]]
 
 
 def fit_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float,
              label_weight: float, seed: int = 0) -> tuple[Readout, dict]:
-    """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs."""
-    chosen = choose(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight)
+    """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs, then
+    fit a temperature per question type on the out-of-fold predictions (families the fold's head never
+    saw), so the head's probabilities are calibrated for unseen families, not for its training data."""
+    chosen, out_of_fold = choose(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight)
     head, _ = train_head(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight,
                          weight_decay=chosen["weight_decay"], epochs=max(chosen["epochs"], 1), seed=seed)
+    for i, qtype in enumerate(TYPES):
+        preds = [(p, e.gold) for p, e in out_of_fold if e.qtype == qtype]
+        if len(preds) >= 20:
+            head.temperature[i] = fit_temperature(preds)
+    chosen["temperatures"] = dict(zip(TYPES, head.temperature.tolist()))
     return head, chosen
 
 
