@@ -11,9 +11,9 @@ Gold answers come from the generator's own choices. Written as prefill's labelle
 from __future__ import annotations
 
 import argparse
-import json
 import random
-from pathlib import Path
+
+from benchmarks.labelled import write_jsonl
 
 TEAMS = {
     "Billing and Payments": ["I was charged twice this month", "my card payment keeps failing", "the refund for my order never arrived"],
@@ -85,12 +85,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    data = rows(args.items, args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for row in data:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"{len(data)} items, {sum(len(r['questions']) for r in data)} questions -> {args.out}")
+    write_jsonl(rows(args.items, args.seed), args.out)
 
 
 if __name__ == "__main__":

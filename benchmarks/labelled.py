@@ -41,6 +41,15 @@ def sys1bench_rows(n_per_family: int, seed: int = 7, families: tuple[str, ...] =
     return rows
 
 
+def write_jsonl(rows: list[dict], path: str | Path) -> None:
+    """Labelled rows as JSONL, one item a line; says how many items and questions went where."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"{len(rows)} items, {sum(len(r['questions']) for r in rows)} questions -> {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-family", type=int, default=40)
@@ -48,12 +57,7 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(GENERATORS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    rows = sys1bench_rows(args.per_family, args.seed, tuple(args.families.split(",")))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"{len(rows)} items, {sum(len(r['questions']) for r in rows)} questions -> {args.out}")
+    write_jsonl(sys1bench_rows(args.per_family, args.seed, tuple(args.families.split(","))), args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ import argparse
 import datetime as dt
 import json
 import random
-from pathlib import Path
+
+from benchmarks.labelled import write_jsonl
 
 NAMES = ["Priya", "Marco", "Aiko", "Lena", "Tomás", "Grace", "Omar", "Sven"]
 METHODS = ["credit card", "bank transfer", "PayPal"]
@@ -215,12 +216,7 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="then answer it with the default model, fact pass on and off, and compare")
     args = ap.parse_args()
-    data = rows(args.items, args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for row in data:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"{len(data)} items, {sum(len(r['questions']) for r in data)} questions -> {args.out}")
+    write_jsonl(rows(args.items, args.seed), args.out)
     if args.compare:
         print(json.dumps(compare_fact_pass(args.out), indent=2))
 

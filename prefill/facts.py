@@ -111,7 +111,7 @@ question answer yes whether""".split())
 
 
 def words(text: str) -> set[str]:
-    return {w.rstrip("s") for w in re.findall(r"[a-z]+", text.lower()) if w not in _STOP and len(w) > 1}
+    return set(_ordered_words(text))
 
 
 _CLAUSE_END = re.compile(r"[.;]\s|[.;]$|\n|,\s|\b(?:and|but|while|whereas)\b", re.IGNORECASE)

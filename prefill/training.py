@@ -62,7 +62,9 @@ def read_records(path: str | Path) -> dict[str, list[float]]:
         questions = parse_questions(row["request"]["questions"])
         for qid, q in questions.items():
             answer = row["response"]["answers"][qid]
-            probs = [answer["noul"], 1 - answer["noul"]] if answer["type"] == "noul" else list(answer["probabilities"].values())
+            # in the question's declared order, whatever order the recording server listed them in
+            probs = ([answer["noul"], 1 - answer["noul"]] if answer["type"] == "noul"
+                     else [answer["probabilities"][label] for label in answer_labels(q)])
             out[question_key(row["request"]["state"], q)] = probs
     return out
 
