@@ -72,13 +72,19 @@ def write_held_out(d: Path) -> None:
     (d / "heldout-families-test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every readout experiment shares: where the data and results are, the splits, the target mix."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="out")
     ap.add_argument("--out", default="out/readouts")
-    ap.add_argument("--early-layers", default="10,15,20")
     ap.add_argument("--label-weight", type=float, default=0.5)
     ap.add_argument("--seeds", default="0,1,2", help="train/validation splits (and training seeds) to repeat the students over")
+    return ap
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--early-layers", default="10,15,20")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     d, out = Path(args.data), Path(args.out)

@@ -112,6 +112,14 @@ def timed(fn, repeats: int, cold: Prefill | None = None) -> tuple[float, object]
     return statistics.median(times), out
 
 
+def tokens_ran(pf: Prefill, questions: dict) -> int:
+    """The tokens the model really runs for one request on a fresh state (shared prompt prefixes once)."""
+    before = pf.backend.tokens_run
+    pf.backend._states.clear()
+    pf.engine.ask(STATE, questions)
+    return pf.backend.tokens_run - before
+
+
 def nouls(n: int) -> dict[str, Noul]:
     return {f"q{i}": Noul(QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (item {i})"))
             for i in range(n)}
@@ -153,10 +161,11 @@ def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None) -> dict:
     t_each, each = timed(pass_per_question, repeats)
     t_gen, (parsed, prompt_tokens, new_tokens) = timed(
         lambda: generate_json(pf, STATE, QUESTIONS[:n_questions]), max(1, repeats // 2))
+    tokens_run = tokens_ran(pf, questions)  # fewer than usage's: prompts that begin alike are read once
     ours = [answers[f"q{i}"].noul >= 0.5 for i in range(n_questions)]
     row = {
         "questions": n_questions, "state_tokens": len(pf.backend.renderer.state(STATE)),
-        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens,
+        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens, "prefill_tokens_run": tokens_run,
         "pass_per_question_s": round(t_each, 3), "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
         "generate_json_s": round(t_gen, 3), "generate_prompt_tokens": prompt_tokens, "generate_new_tokens": new_tokens,
         "generate_answers_parsed": len(parsed),
@@ -165,6 +174,8 @@ def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None) -> dict:
     }
     t_warm, _ = timed(lambda: pf.engine.ask(STATE, questions), repeats)
     row["prefill_warm_state_s"] = round(t_warm, 3)
+    if pf.engine.readouts is not None:
+        row["early_exit_questions"] = len(pf.engine.decide(STATE, questions).early_exit)
     if url:
         import httpx
         with httpx.Client(base_url=url, timeout=600) as client:
@@ -232,14 +243,15 @@ def scale_options(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
 def overhead(pf: Prefill, repeats: int, n_questions: int) -> dict:
     """The engine (state + packed tree + readout) against one bare causal forward over as many tokens."""
     qs = nouls(n_questions)
-    t_engine, (_, usage) = timed(lambda: pf.engine.ask(STATE, qs), repeats, cold=pf)
-    ids = torch.randint(0, pf.backend.model.config.vocab_size, (1, usage.input_tokens))
+    t_engine, _ = timed(lambda: pf.engine.ask(STATE, qs), repeats, cold=pf)
+    n_tokens = tokens_ran(pf, qs)
+    ids = torch.randint(0, pf.backend.model.config.vocab_size, (1, n_tokens))
 
     def bare():
         with torch.inference_mode():
             return pf.backend.model(input_ids=ids, logits_to_keep=1)
     t_bare, _ = timed(bare, repeats)
-    return {"tokens": usage.input_tokens, "engine_s": round(t_engine, 3), "bare_forward_s": round(t_bare, 3),
+    return {"tokens": n_tokens, "engine_s": round(t_engine, 3), "bare_forward_s": round(t_bare, 3),
             "ratio": round(t_engine / t_bare, 2)}
 
 
@@ -333,26 +345,44 @@ def plot(rows: list[dict], path: Path, model: str) -> None:
 def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     # The fact pass off: the benchmark measures the model path (it would answer one SemIf question exactly).
-    pf = Prefill(args.model, dtype=args.dtype, facts=False)
+    # With --readout, the served path is measured (the trained heads, their early exit, a LoRA merged).
+    pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=args.readout)
     quick = args.quick
     repeats = 1 if quick else args.repeats
     n_q = 3 if quick else 21
+    sections = set(args.sections.split(","))
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"prefill bench: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"model": pf.name, "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": quick}
     with LocalServer(pf) as server:
-        report["semif"] = semif(pf, repeats, n_q, server.url)
-        report["overhead"] = overhead(pf, repeats, n_q)
-        report["scale_questions"] = scale_questions(pf, [1, 3] if quick else [1, 5, 21, 100, 1000, 5000], repeats)
-        report["scale_state"] = scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)
-        report["scale_options"] = scale_options(pf, [2, 4] if quick else [2, 16, 64, 255], repeats)
-        report["http"] = http_load(server.url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)
-    plot(report["scale_questions"], out / "latency_vs_questions.png", pf.name)
+        if "semif" in sections:
+            report["semif"] = semif(pf, repeats, n_q, server.url)
+        if "overhead" in sections:
+            report["overhead"] = overhead(pf, repeats, n_q)
+        if "questions" in sections:
+            counts = [1, 3] if quick else [int(n) for n in args.question_counts.split(",")]
+            report["scale_questions"] = scale_questions(pf, counts, repeats)
+        if "state" in sections:
+            report["scale_state"] = scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)
+        if "options" in sections:
+            report["scale_options"] = scale_options(pf, [2, 4] if quick else [2, 16, 64, 255], repeats)
+        if "http" in sections:
+            report["http"] = http_load(server.url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)
+    if "scale_questions" in report:
+        plot(report["scale_questions"], out / "latency_vs_questions.png", pf.name)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+SECTIONS = ("semif", "overhead", "questions", "state", "options", "http")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, one repeat")
     p.add_argument("--out", default="bench-out", help="where bench.json and the PNG go")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="which measurements to run (comma-separated)")
+    p.add_argument("--question-counts", default="1,5,21,100,1000,5000", help="questions per request to scale over")

@@ -71,14 +71,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="recorded {request, response} JSONL (prefill record, or any System One server's); "
                          "repeatable; without it the gold labels are the target")
     tr.add_argument("--label-weight", type=float, default=0.5, help="weight of the gold label in the target")
-    tr.add_argument("--kind", default="linear", choices=["linear", "pointer"])
+    tr.add_argument("--kind", default="linear", choices=["linear", "pointer", "lora"],
+                    help="lora: a LoRA on the top layers trained with a linear head (lora.py); heavier, slower")
+    tr.add_argument("--lora-layers", type=int, default=8, help="lora: how many top decoder layers get the adapter")
+    tr.add_argument("--lora-rank", type=int, default=8)
+    tr.add_argument("--epochs", type=int, default=4, help="lora: at most this many (the best on validation is kept)")
+    tr.add_argument("--validation-family", default=None,
+                    help="lora: the family left out to choose the epoch and fit temperatures (default: the smallest)")
     tr.add_argument("--rl-weight", type=float, default=0.0,
                     help="weight of the RLCD term (default 0, cross-entropy only: the RL term did not help "
                          "consistently in the README's ablation)")
     tr.add_argument("--early-layer", type=int, default=None,
                     help="also train an early-exit head here (default: a third of the depth, as measured; 0: none)")
     tr.add_argument("--exclude-families", default="", help="comma-separated families never trained on")
-    tr.add_argument("--out", required=True, help="a folder: final.* and early.* (safetensors + json)")
+    tr.add_argument("--out", required=True, help="a folder: final.* and early.* (safetensors + json), and lora/ for --kind lora")
 
     rec = sub.add_parser("record", help="answer labelled JSONL and write {request, response} lines (a teacher for prefill train)")
     model_options(rec)
@@ -183,9 +189,11 @@ def _train(args) -> int:
     teacher = {}
     for path in args.teacher:
         teacher.update(training.read_records(path))
-    depth = pf.backend.model.config.get_text_config(decoder=True).num_hidden_layers
+    depth = pf.backend.depth
     early = depth // 3 if args.early_layer is None else args.early_layer
     layers = [early, depth] if early else [depth]
+    if args.kind == "lora":
+        return _train_lora(args, pf, items, teacher, early, excluded)
     examples = training.extract(pf.backend, items, layers, teacher)
     train_ids, val_ids = training.split_items(len(items), 0.2)
     final, early_head, report = training.fit_readouts(
@@ -198,6 +206,37 @@ def _train(args) -> int:
         early_head.save(out / "early.json")
     report.update(items=len(items), questions=len(examples), with_teacher=sum(e.teacher is not None for e in examples),
                   excluded_families=sorted(excluded), layers=layers, saved=str(out))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _train_lora(args, pf, items, teacher, early: int, excluded: set[str]) -> int:
+    from . import lora, training
+    cut = pf.backend.depth - args.lora_layers
+    if not 0 < args.lora_layers < pf.backend.depth or early > cut:
+        print(f"prefill train: --lora-layers must be 1..{pf.backend.depth - 1} and leave the early-exit layer "
+              f"({early}) below the adapter", file=sys.stderr)
+        return 2
+    label_weight = args.label_weight if teacher else 1.0
+    units = lora.extract(pf.backend, items, cut, teacher)
+    fit, validation, held = lora.split_by_family(units, args.validation_family)
+    peft_model, final, log = lora.train(pf.backend, fit, validation, top_layers=args.lora_layers,
+                                        rank=args.lora_rank, epochs=args.epochs, label_weight=label_weight,
+                                        rl_weight=args.rl_weight, model=pf.name, fingerprint=pf.backend.fingerprint)
+    out = Path(args.out)
+    peft_model.save_pretrained(out / "lora")
+    final.save(out / "final.json")
+    report = {"final": log, "validation": held}
+    if early:
+        # the early head reads a layer below the adapter, so the adapter does not change what it reads
+        examples = training.extract(pf.backend, items, [early], teacher)
+        held_items = {u.item for u in validation}
+        early_head, report["early"] = training.fit_early(
+            [e for e in examples if e.item not in held_items], [e for e in examples if e.item in held_items],
+            lora.predict(pf.backend, final, validation), early, 0, model=pf.name,
+            fingerprint=pf.backend.fingerprint, rl_weight=args.rl_weight, label_weight=label_weight)
+        early_head.save(out / "early.json")
+    report.update(items=len(items), excluded_families=sorted(excluded), saved=str(out))
     print(json.dumps(report, indent=2))
     return 0
 

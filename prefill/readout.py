@@ -41,6 +41,7 @@ class ReadoutConfig:
     fingerprint: str = ""
     rank: int = 64
     exit_threshold: float | None = None   # early exit: stop at this head when its confidence clears this
+    adapter: str | None = None            # a LoRA trained with this head (lora.py): a folder beside its file
     notes: dict = field(default_factory=dict)
 
 
@@ -102,10 +103,13 @@ class Readout(nn.Module):
 
 @dataclass
 class Readouts:
-    """What the engine serves with: the final head, and optionally a shallower one for early exit."""
+    """What the engine serves with: the final head, optionally a shallower one for early exit, and the LoRA
+    adapter trained with the final head, if any (merged into the model's weights by whoever loads the
+    model: api.Prefill)."""
     final: Readout
     early: Readout | None = None
     name: str = ""
+    adapter: Path | None = None
 
     @property
     def layers(self) -> list[int]:
@@ -117,6 +121,17 @@ class Readouts:
         path = Path(path)
         if path.is_dir():
             early = path / "early.json"
-            return cls(Readout.load(path / "final.json", fingerprint),
-                       Readout.load(early, fingerprint) if early.is_file() else None, path.name)
-        return cls(Readout.load(path, fingerprint), None, path.stem)
+            final = Readout.load(path / "final.json", fingerprint)
+            return cls(final, Readout.load(early, fingerprint) if early.is_file() else None, path.name,
+                       _adapter(path, final))
+        final = Readout.load(path, fingerprint)
+        return cls(final, None, path.stem, _adapter(path.parent, final))
+
+
+def _adapter(folder: Path, head: Readout) -> Path | None:
+    if head.cfg.adapter is None:
+        return None
+    path = folder / head.cfg.adapter
+    if not (path / "adapter_config.json").is_file():
+        raise ValueError(f"{folder}: the readout was trained with the LoRA adapter {path}, which is missing")
+    return path

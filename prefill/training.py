@@ -1,7 +1,8 @@
 """`prefill train`: readout heads distilled from a teacher, with the RLCD term, on the frozen base.
 
 The base model never trains, so its hidden states are computed once per question (the same packed pass
-the engine serves with) and the heads train on those cached features: minutes on two CPU cores.
+the engine serves with) and the heads train on those cached features: minutes on two CPU cores. (The
+heavier variant, a LoRA that does change the base's top layers, is lora.py; it shares this loss.)
 
 Targets: the teacher's distribution over the declared answers (a larger model run through prefill, or any
 System One server's recorded responses: `prefill record`), mixed with the gold label where the data has
@@ -88,11 +89,15 @@ def extract(backend, items: Sequence[Item], layers: Sequence[int],
 
 
 def target(e: Example, label_weight: float) -> torch.Tensor:
-    onehot = torch.zeros(len(e.labels))
-    onehot[e.gold] = 1.0
-    if e.teacher is None:
+    return mixed_target(len(e.labels), e.gold, e.teacher, label_weight)
+
+
+def mixed_target(n: int, gold: int, teacher: torch.Tensor | None, label_weight: float) -> torch.Tensor:
+    onehot = torch.zeros(n)
+    onehot[gold] = 1.0
+    if teacher is None:
         return onehot
-    return (1 - label_weight) * e.teacher + label_weight * onehot
+    return (1 - label_weight) * teacher + label_weight * onehot
 
 
 @dataclass
@@ -146,6 +151,22 @@ def rl_term(s: torch.Tensor, b: Batch, group: int, sigma: float) -> torch.Tensor
     return (advantage * distance).mean()
 
 
+def objective(s: torch.Tensor, b: Batch, rl_weight: float = 0.0, group: int = 8, sigma: float = 1.0) -> torch.Tensor:
+    """Soft cross-entropy of scores s (B, N) to the batch's targets, plus rl_weight × the RLCD term."""
+    ce = -(b.target * masked_log_softmax(s, b.mask)).sum(-1).mean()
+    return ce + rl_weight * rl_term(s, b, group, sigma) if rl_weight else ce
+
+
+def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], str, int]]) -> dict:
+    """A temperature per question type (when it has ≥ 20 questions) from (probabilities, type, gold) of
+    questions whose family the head did not train on."""
+    for i, qtype in enumerate(TYPES):
+        preds = [(p, g) for p, t, g in out_of_family if t == qtype]
+        if len(preds) >= 20:
+            head.temperature[i] = fit_temperature(preds)
+    return dict(zip(TYPES, head.temperature.tolist()))
+
+
 def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float = 0.0,
                label_weight: float = 0.5, epochs: int = 400, lr: float = 1e-2, weight_decay: float = 0.1,
                group: int = 8, sigma: float = 1.0, seed: int = 0,
@@ -166,16 +187,14 @@ def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, r
     for epoch in range(epochs):
         head.train()
         s = head(b.qtype, b.decision, b.options, b.loglik)
-        ce = -(b.target * masked_log_softmax(s, b.mask)).sum(-1).mean()
-        loss = ce + (rl_weight * rl_term(s, b, group, sigma) if rl_weight else 0.0)
+        loss = objective(s, b, rl_weight, group, sigma)
         opt.zero_grad()
         loss.backward()
         opt.step()
         if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
             head.eval()
             with torch.no_grad():
-                vs = head(v.qtype, v.decision, v.options, v.loglik)
-                vloss = float(-(v.target * masked_log_softmax(vs, v.mask)).sum(-1).mean())
+                vloss = float(objective(head(v.qtype, v.decision, v.options, v.loglik), v))
             if vloss < best[0]:
                 best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
     if best[1] is not None:
@@ -215,11 +234,7 @@ def fit_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_
     chosen, out_of_fold = choose(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight)
     head, _ = train_head(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight,
                          weight_decay=chosen["weight_decay"], epochs=max(chosen["epochs"], 1), seed=seed)
-    for i, qtype in enumerate(TYPES):
-        preds = [(p, e.gold) for p, e in out_of_fold if e.qtype == qtype]
-        if len(preds) >= 20:
-            head.temperature[i] = fit_temperature(preds)
-    chosen["temperatures"] = dict(zip(TYPES, head.temperature.tolist()))
+    chosen["temperatures"] = fit_temperatures(head, [(p, e.qtype, e.gold) for p, e in out_of_fold])
     return head, chosen
 
 
@@ -263,21 +278,32 @@ def fit_readouts(train: Sequence[Example], validation: Sequence[Example], layers
     """The final head (on the last cached layer, leaning on the log-likelihoods) and, when two layers are
     cached, the early-exit head (on the first) with its threshold fitted on `validation`."""
     hidden = train[0].decision.shape[-1]
-    common = dict(model=model, fingerprint=fingerprint, hidden=hidden, kind=kind)
     notes = {"train_questions": len(train), "validation_questions": len(validation), "rl_weight": rl_weight,
              "label_weight": label_weight, "seed": seed}
-    final_cfg = ReadoutConfig(layer=layers[-1], use_base=True, notes=dict(notes), **common)
+    final_cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=hidden, use_base=True, model=model,
+                              fingerprint=fingerprint, notes=dict(notes))
     final, log = fit_head(train, final_cfg, len(layers) - 1, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
     final.cfg.notes.update(log)
     report = {"final": log}
     if len(layers) < 2:
         return final, None, report
-    early_cfg = ReadoutConfig(layer=layers[0], use_base=False, notes=dict(notes), **common)
-    early, log = fit_head(train, early_cfg, 0, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
-    gold = [e.gold for e in validation]
-    threshold, fit = exit_threshold(predict(early, validation, 0), predict(final, validation, len(layers) - 1),
-                                    gold, exit_loss)
+    early, report["early"] = fit_early(train, validation, predict(final, validation, len(layers) - 1), layers[0], 0,
+                                       kind=kind, model=model, fingerprint=fingerprint, rl_weight=rl_weight,
+                                       label_weight=label_weight, exit_loss=exit_loss, seed=seed)
+    return final, early, report
+
+
+def fit_early(train: Sequence[Example], validation: Sequence[Example], final_on_validation: Sequence[list[float]],
+              layer: int, index: int, *, kind: str = "linear", model: str, fingerprint: str, rl_weight: float,
+              label_weight: float, exit_loss: float = 0.01, seed: int = 0) -> tuple[Readout, dict]:
+    """The early-exit head on decoder layer `layer` (cached at `index`), and its exit threshold: the lowest
+    at which mixing it with the final head's answers on `validation` loses at most `exit_loss` accuracy."""
+    cfg = ReadoutConfig(kind=kind, layer=layer, hidden=train[0].decision.shape[-1], use_base=False, model=model,
+                        fingerprint=fingerprint, notes={"train_questions": len(train), "rl_weight": rl_weight,
+                                                        "label_weight": label_weight, "seed": seed})
+    early, log = fit_head(train, cfg, index, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
+    threshold, fit = exit_threshold(predict(early, validation, index), final_on_validation,
+                                    [e.gold for e in validation], exit_loss)
     early.cfg.exit_threshold = threshold
     early.cfg.notes.update(log, exit_fit=fit)
-    report["early"] = {**log, "exit_threshold": threshold, **fit}
-    return final, early, report
+    return early, {**log, "exit_threshold": threshold, **fit}

@@ -76,3 +76,14 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     run = prefill("eval", str(data), *model, "--readout", str(tmp_path / "head"), "--out", str(tmp_path / "ev"))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["model"].endswith("+head")
+    run = prefill("train", str(data), *model, "--teacher", str(tmp_path / "teacher.jsonl"), "--kind", "lora",
+                  "--lora-layers", "1", "--early-layer", "1", "--epochs", "2", "--out", str(tmp_path / "lora"))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["validation"] == "b" and report["final"]["kind"] == "lora" and "exit_threshold" in report["early"]
+    assert (tmp_path / "lora" / "lora" / "adapter_model.safetensors").is_file()
+    run = prefill("eval", str(data), *model, "--readout", str(tmp_path / "lora"), "--out", str(tmp_path / "ev2"))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["model"].endswith("+lora")
+    run = prefill("train", str(data), *model, "--kind", "lora", "--lora-layers", "2", "--out", str(tmp_path / "x"))
+    assert run.returncode == 2 and "--lora-layers" in run.stderr

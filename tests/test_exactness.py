@@ -57,6 +57,24 @@ def test_packed_equals_each_question_alone(tiny_engine):
         assert max_delta(alone, {qid: together[qid]}) <= TOL
 
 
+def test_shared_prompt_prefixes_are_read_once_and_stay_exact(tiny_engine):
+    """Questions that begin alike share their first tokens' nodes in the tree; each still gets exactly
+    what it gets alone."""
+    qs = {f"q{i}": Noul(f"Does the customer mention {x}?") for i, x in
+          enumerate(["a refund", "a refund today", "the invoice", "March", "a bank"])}
+    qs["team"] = QUESTIONS["team"]
+    r = tiny_engine.backend.renderer
+    branches = [r.question(q) for q in qs.values()]
+    tree = causal_lm._Tree.build(branches, 10)
+    answer_nodes = sum(len(a) - 1 for b in branches for a in b.answers)
+    prefixes = {b.prompt[:k] for b in branches for k in range(1, len(b.prompt) + 1)}  # one node each
+    assert len(tree.ids) == len(prefixes) + answer_nodes
+    assert len(prefixes) < sum(len(b.prompt) for b in branches) - 4 * 10  # the nouls share > 10 tokens
+    together, _ = tiny_engine.ask(STATE, qs)
+    for qid, q in qs.items():
+        assert max_delta(tiny_engine.ask(STATE, {qid: q})[0], {qid: together[qid]}) <= TOL
+
+
 def test_question_order_and_ids_do_not_matter(tiny_engine):
     base, _ = tiny_engine.ask(STATE, QUESTIONS)
     items = list(QUESTIONS.items())

@@ -4,7 +4,7 @@ The state runs once and its keys/values are kept. Every question, and every answ
 branch of a tree packed into one sequence and run over that cache with a 4D attention mask in which a
 token sees the state and its own ancestors only, at position ids that continue from its parent as if
 the branch were alone. So a question packed with a thousand others sees exactly what it would see alone
-(up to float rounding: see tests/test_invariance.py), and answers cannot depend on batching or order.
+(up to float rounding: see tests/test_exactness.py), and answers cannot depend on batching or order.
 
 An answer's score is the log-likelihood of its whole token sequence, end-of-answer marker included:
 log P("fraud review<|im_end|>") is the probability that the model says exactly that and stops, so
@@ -51,6 +51,16 @@ class Features:
     options: torch.Tensor    # (n_answers, n_layers, hidden)
 
 
+@dataclass
+class TreeInputs:
+    """One chunk's inputs to decoder layer `layer` + 1: the state's hidden states after layer `layer`
+    (n_state, hidden), the chunk's token tree and its hidden states (n_tokens, hidden)."""
+    layer: int
+    state: torch.Tensor
+    tree: _Tree
+    hidden: torch.Tensor
+
+
 class CausalLMBackend:
     """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`.
 
@@ -82,9 +92,15 @@ class CausalLMBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.forward_calls = 0  # forward passes run: the state, then one per chunk
+        self.tokens_run = 0     # tokens those passes ran (shared prompt prefixes and cached states count once)
         self.state_cache_tokens = state_cache_tokens
         self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
         self._all_layers = list(model.get_decoder().layers)
+
+    @property
+    def depth(self) -> int:
+        """The number of decoder layers."""
+        return len(self._all_layers)
 
     # -- the interface
     @torch.inference_mode()
@@ -133,13 +149,74 @@ class CausalLMBackend:
             stay = [q for q, f in enumerate(shallow) if not exits(len(out) + q, f)]
             deep: dict[int, Features] = {}
             if stay:
-                sub = _Tree.build([chunk[q] for q in stay], n_state)
-                rows = torch.cat([tree.rows_of(q) for q in stay])
+                sub, rows = tree.subtree(chunk, stay, n_state)
                 with self._layers(early, None):
                     scores, hidden_sub = self._tree_pass(cache, n_state, sub, [final], inputs_embeds=hidden[rows, 0])
                 deep = dict(zip(stay, sub.features(scores, hidden_sub)))
             out += [(f, deep.get(q)) for q, f in enumerate(shallow)]
         return out
+
+    # -- LoRA training (lora.py): the frozen layers 1..k run once per question; layers k+1..L run with grad
+    @torch.no_grad()
+    def layer_inputs(self, state: Sequence[int], questions: Sequence[Branches], layer: int) -> list[TreeInputs]:
+        """The hidden states after decoder layer `layer` of the state and of each chunk's token tree (the
+        served packed pass, through layers 1..`layer` only): what layers `layer`+1.. read, so a LoRA on
+        those layers trains without re-running the frozen ones."""
+        n_state = len(state)
+        captured: list[torch.Tensor] = []
+        hook = self._all_layers[layer - 1].register_forward_hook(
+            lambda _m, _a, o: captured.append((o[0] if isinstance(o, tuple) else o)[0]))
+        try:
+            with self._layers(0, layer):
+                cache = DynamicCache(config=self.model.config)
+                self.model(input_ids=torch.tensor([list(state)], device=self.device), cache=cache, use_cache=True,
+                           logits_to_keep=1)
+        finally:
+            hook.remove()
+        state_hidden = captured[0].float().cpu().clone()
+        out = []
+        for chunk in self._readout_chunks(state, questions):
+            tree = _Tree.build(chunk, n_state)
+            with self._layers(0, layer):
+                _, hidden = self._tree_pass(cache, n_state, tree, [layer])
+            out.append(TreeInputs(layer, state_hidden, tree, hidden[:, 0].clone()))
+        return out
+
+    def forward_from(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layers k+1..L over the state and the tree together (no cache, so gradients reach the state's
+        keys and values too), from `layer_inputs`' hidden states. Returns each question's answer
+        log-likelihoods (Q, N_max; padding 0), its decision token's last-layer hidden state (Q, H) and its
+        answers' end tokens' (Q, N_max, H): the same quantities the served pass gives, with gradients."""
+        tree, n_state = inputs.tree, inputs.state.shape[0]
+        n = n_state + len(tree.ids)
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        allowed[:n_state, :n_state] = torch.ones(n_state, n_state, dtype=torch.bool).tril()
+        allowed[n_state:, :n_state] = True
+        allowed[n_state:, n_state:] = tree.visibility()
+        mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        positions = list(range(n_state)) + tree.positions
+        captured: list[torch.Tensor] = []
+        hook = self._all_layers[-1].register_forward_hook(
+            lambda _m, _a, o: captured.append((o[0] if isinstance(o, tuple) else o)[0]))
+        try:
+            with self._layers(inputs.layer, None):
+                out = self.model(inputs_embeds=torch.cat([inputs.state, inputs.hidden])[None].to(self.device, self.dtype),
+                                 position_ids=torch.tensor([positions], device=self.device),
+                                 attention_mask=mask.to(self.device), use_cache=False,
+                                 logits_to_keep=torch.tensor(tree.read_from, device=self.device) + n_state)
+        finally:
+            hook.remove()
+        hidden = captured[0][n_state:].float()
+        ends = torch.tensor([e + [e[0]] * (max(tree.n_answers) - len(e)) for e in tree.option_end])
+        return tree.answer_logliks(out.logits[0]), hidden[tree.decision], hidden[ends]
+
+    def merge_adapter(self, path) -> None:
+        """Merge a LoRA adapter (peft's format, saved by `prefill train --kind lora`) into the weights: the
+        served pass is then the same computation as before, over updated weights."""
+        from peft import PeftModel
+        self.model = PeftModel.from_pretrained(self.model, str(path)).merge_and_unload().eval()
+        self._all_layers = list(self.model.get_decoder().layers)
+        self._states.clear()
 
     def _readout_chunks(self, state: Sequence[int], questions: Sequence[Branches]) -> Iterator[list[Branches]]:
         if self.packing == "rows" or self.sliding_window is not None:
@@ -176,6 +253,7 @@ class CausalLMBackend:
         ids = torch.tensor([list(state)], device=self.device)
         self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         self.forward_calls += 1
+        self.tokens_run += len(key)
         if len(key) <= self.state_cache_tokens:
             self._states[key] = cache
             while sum(len(k) for k in self._states) > self.state_cache_tokens:
@@ -210,6 +288,7 @@ class CausalLMBackend:
             for h in hooks:
                 h.remove()
         self.forward_calls += 1
+        self.tokens_run += n
         hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu() if layers else None
         return tree.sum_logprobs(out.logits[0]), hidden
 
@@ -221,6 +300,7 @@ class CausalLMBackend:
                          position_ids=torch.arange(n_state, n_state + len(q.prompt), device=self.device)[None],
                          cache=extended, use_cache=True, logits_to_keep=1)
         self.forward_calls += 1
+        self.tokens_run += len(q.prompt)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         # Each answer's first token is read above; the rest of it is a branch whose root is that token.
         longer = [a for a in q.answers if len(a) > 1]
@@ -240,6 +320,7 @@ class CausalLMBackend:
         positions = torch.arange(n_state, n_state + width, device=self.device).expand(len(rows), -1)
         logits = self.model(input_ids=ids, position_ids=positions, cache=row_cache, use_cache=True).logits
         self.forward_calls += 1
+        self.tokens_run += ids.numel()
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         scores, r = [], 0
         for q in chunk:
@@ -254,28 +335,35 @@ class CausalLMBackend:
 
 
 class _Tree:
-    """A chunk of questions laid out as one sequence: each question's prompt, then each answer's
-    tokens but the last (the last one is only predicted, never read from)."""
+    """A chunk of questions laid out as one sequence. Question prompts form a trie: prompts that begin
+    with the same tokens share those tokens' nodes (same tokens, same positions, same ancestors: the
+    same computation, done once), so "\n\nQuestion: Does the customer ..." is read once for every
+    question that starts so. Under each prompt, each answer's tokens but the last (the last one is only
+    predicted, never read from). A token sees exactly its ancestors."""
 
     def __init__(self):
         self.ids: list[int] = []
         self.positions: list[int] = []
-        self.question: list[int] = []   # which question a token belongs to
-        self.answer: list[int] = []     # which answer, or -1 for the question's prompt
+        self.parent: list[int] = []     # the node this one continues (-1: the state)
         self.read_from: list[int] = []  # sequence indices whose logits are read (deduplicated)
         self.targets: list[tuple[int, int, int, int]] = []  # (read index, token, question, answer)
         self.n_answers: list[int] = []
         self.decision: list[int] = []           # per question: its prompt's last token
         self.option_end: list[list[int]] = []   # per question, per answer: its last token before the marker
+        self.nodes: list[list[int]] = []        # per question: its nodes, prompt then answers, in order
         self._slot: dict[int, int] = {}
+        self._children: dict[tuple[int, int], int] = {}  # (parent, token) -> prompt node
 
     @classmethod
     def build(cls, chunk: Sequence[Branches], n_state: int) -> _Tree:
         t = cls()
         for qi, q in enumerate(chunk):
+            nodes, prev = [], -1
             for k, tok in enumerate(q.prompt):
-                t._add(tok, n_state + k, qi, -1)
-            prompt_end = len(t.ids) - 1
+                shared = t._children.get((prev, tok))
+                prev = shared if shared is not None else t._add(tok, n_state + k, prev, shareable=True)
+                nodes.append(prev)
+            prompt_end = prev
             t.n_answers.append(len(q.answers))
             t.decision.append(prompt_end)
             t.option_end.append([])
@@ -284,16 +372,19 @@ class _Tree:
                 for k, tok in enumerate(answer):
                     t.targets.append((t._read(prev), tok, qi, ai))
                     if k < len(answer) - 1:
-                        t._add(tok, n_state + len(q.prompt) + k, qi, ai)
-                        prev = len(t.ids) - 1
+                        prev = t._add(tok, n_state + len(q.prompt) + k, prev)
+                        nodes.append(prev)
                 t.option_end[-1].append(prev)
+            t.nodes.append(nodes)
         return t
 
-    def _add(self, tok: int, pos: int, q: int, a: int) -> None:
+    def _add(self, tok: int, pos: int, parent: int, shareable: bool = False) -> int:
         self.ids.append(tok)
         self.positions.append(pos)
-        self.question.append(q)
-        self.answer.append(a)
+        self.parent.append(parent)
+        if shareable:
+            self._children[(parent, tok)] = len(self.ids) - 1
+        return len(self.ids) - 1
 
     def _read(self, index: int) -> int:
         """The logits row for sequence index `index` (a question's last prompt token is read once for
@@ -303,24 +394,35 @@ class _Tree:
             self.read_from.append(index)
         return self._slot[index]
 
-    def rows_of(self, q: int) -> torch.Tensor:
-        """The sequence indices of question q's tokens (contiguous: prompt, then its answers)."""
-        return (torch.tensor(self.question) == q).nonzero().squeeze(1)
+    def subtree(self, chunk: Sequence[Branches], questions: Sequence[int], n_state: int) -> tuple[_Tree, torch.Tensor]:
+        """The tree of some of this tree's questions (`chunk` is what this tree was built from), and for
+        each of its nodes the node of this tree it is (to carry hidden states over)."""
+        sub = _Tree.build([chunk[q] for q in questions], n_state)
+        rows = torch.empty(len(sub.ids), dtype=torch.long)
+        for s, q in enumerate(questions):
+            rows[torch.tensor(sub.nodes[s])] = torch.tensor(self.nodes[q])
+        return sub, rows
 
     def features(self, scores: list[list[float]], hidden: torch.Tensor) -> list[Features]:
         # copies, not views: a view would keep the whole chunk's hidden states alive (and saved, when cached)
         return [Features(s, hidden[self.decision[q]].clone(), hidden[self.option_end[q]].clone())
                 for q, s in enumerate(scores)]
 
+    def answer_logliks(self, logits: torch.Tensor) -> torch.Tensor:
+        """`sum_logprobs` with gradients, as a (questions, most answers) tensor, for training."""
+        read, tok, qs, ans = (torch.tensor(c) for c in zip(*self.targets))
+        per_token = torch.log_softmax(logits.float(), dim=-1)[read, tok]
+        return torch.zeros(len(self.n_answers), max(self.n_answers)).index_put((qs, ans), per_token, accumulate=True)
+
     def visibility(self) -> torch.Tensor:
-        """Token i sees token j iff j <= i, same question, and j is the prompt or i's own answer."""
-        q = torch.tensor(self.question)
-        a = torch.tensor(self.answer)
+        """Token i sees token j iff j is i or one of its ancestors (parents come before children)."""
         n = len(self.ids)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        same_question = q[:, None] == q[None, :]
-        on_path = (a[None, :] == -1) | (a[:, None] == a[None, :])
-        return causal & same_question & on_path
+        seen = torch.zeros(n, n, dtype=torch.bool)
+        for i, p in enumerate(self.parent):
+            if p >= 0:
+                seen[i] = seen[p]
+            seen[i, i] = True
+        return seen
 
     def sum_logprobs(self, logits: torch.Tensor, rows: int = 256) -> list[list[float]]:
         """Each answer's log-likelihood: the sum of its tokens' log-probabilities. The normaliser is taken
