@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         return _record(args)
     if args.command == "train":
-        return _train(args)
+        from .backends.base import ReadoutUnsupported
+        try:
+            return _train(args)
+        except ReadoutUnsupported as e:  # e.g. a model that runs as rows, or a question over one chunk
+            print(f"prefill train: {e}", file=sys.stderr)
+            return 2
     if args.command == "bench":
         from .bench import run
         print(json.dumps(run(args), indent=2))

@@ -87,3 +87,5 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     assert json.loads(run.stdout)["model"].endswith("+lora")
     run = prefill("train", str(data), *model, "--kind", "lora", "--lora-layers", "2", "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "--lora-layers" in run.stderr
+    run = prefill("train", str(data), *model, "--packing", "rows", "--out", str(tmp_path / "y"))
+    assert run.returncode == 2 and "packed mode" in run.stderr and "Traceback" not in run.stderr
