@@ -63,6 +63,17 @@ def noul(text: str) -> dict:
     return {"type": "noul", "instructions": text}
 
 
+def comparison(rng: random.Random, value: float, question: str, *, around: float | None = None, step: float = 1,
+               as_money: bool = False) -> tuple[dict, bool]:
+    """A yes/no question comparing `value` with a threshold near `around` (default: the value); `question`
+    has {} where the comparison goes ("at least $1,200", "over 80"), and its gold answer."""
+    word, test = compare(rng)
+    t = near(value if around is None else around, rng, step)
+    if not as_money:
+        t = int(t)
+    return noul(question.format(f"{word} {money(t, rng) if as_money else t}")), test(value, t)
+
+
 def payment(rng: random.Random, today: dt.date) -> dict:
     amount = rng.choice([rng.randrange(20, 400), rng.randrange(500, 5000), rng.randrange(10, 200) * 100])
     previous = rng.randrange(10, 3000)
@@ -73,12 +84,8 @@ def payment(rng: random.Random, today: dt.date) -> dict:
              f"The customer's account was opened on {date(opened, rng)}. Previous payment: {money(previous, rng)}. "
              f"Today is {date(today, rng)}.")
     q, gold = {}, {}
-    word, test = compare(rng)
-    t = near(amount, rng, 10)
-    q["amount"], gold["amount"] = noul(f"Is the payment amount {word} {money(t, rng)}?"), test(amount, t)
-    word, test = compare(rng)
-    t = near(previous, rng, 10)
-    q["previous"], gold["previous"] = noul(f"Was the previous payment {word} {money(t, rng)}?"), test(previous, t)
+    q["amount"], gold["amount"] = comparison(rng, amount, "Is the payment amount {}?", step=10, as_money=True)
+    q["previous"], gold["previous"] = comparison(rng, previous, "Was the previous payment {}?", step=10, as_money=True)
     days = int(near((today - opened).days, rng))
     q["age"], gold["age"] = noul(f"Was the account opened more than {days} days ago?"), (today - opened).days > days
     cut = paid + dt.timedelta(days=rng.choice([-3, -1, 0, 1, 4]))
@@ -104,9 +111,7 @@ def invoice(rng: random.Random, today: dt.date) -> dict:
              f"due on {date(due, rng)}. {reminders} payment reminders have been sent. Late fee: {fee:g}% per month. "
              f"As of {date(today, rng)}, it has not been paid.")
     q, gold = {}, {}
-    word, test = compare(rng)
-    t = near(amount, rng, 50)
-    q["amount"], gold["amount"] = noul(f"Is the invoice amount {word} {money(t, rng)}?"), test(amount, t)
+    q["amount"], gold["amount"] = comparison(rng, amount, "Is the invoice amount {}?", step=50, as_money=True)
     n = max(1, int(near(reminders or 1, rng)))
     q["reminders"], gold["reminders"] = noul(f"Have {n} or more payment reminders been sent?"), reminders >= n
     cap = rng.choice([1, 2, 3, 5])
@@ -127,12 +132,8 @@ def alert(rng: random.Random, today: dt.date) -> dict:
     state = (f"Alert from {host}: {failed} failed login attempts in the last hour. CPU usage {cpu}%, disk usage "
              f"{disk}%. Uptime: {uptime} days. Report generated on {date(today, rng)}.")
     q, gold = {}, {}
-    word, test = compare(rng)
-    t = int(near(failed or 1, rng))
-    q["failed"], gold["failed"] = noul(f"Were there {word} {t} failed login attempts?"), test(failed, t)
-    word, test = compare(rng)
-    t = int(near(cpu, rng))
-    q["cpu"], gold["cpu"] = noul(f"Is the CPU usage {word} {t}%?"), test(cpu, t)
+    q["failed"], gold["failed"] = comparison(rng, failed, "Were there {} failed login attempts?", around=failed or 1)
+    q["cpu"], gold["cpu"] = comparison(rng, cpu, "Is the CPU usage {}%?")
     t = int(near(disk, rng))
     q["disk"], gold["disk"] = noul(f"Is disk usage at least {t}%?"), disk >= t
     t = int(near(uptime, rng))
@@ -152,9 +153,7 @@ def subscription(rng: random.Random, today: dt.date) -> dict:
     state = (f"{plan} plan, {seats} seats at {money(price, rng)} per seat per month. Customer for {months} months. "
              f"Renewal date: {date(renews, rng)}. Today's date is {date(today, rng)}.")
     q, gold = {}, {}
-    word, test = compare(rng)
-    t = int(near(seats, rng))
-    q["seats"], gold["seats"] = noul(f"Does the customer have {word} {t} seats?"), test(seats, t)
+    q["seats"], gold["seats"] = comparison(rng, seats, "Does the customer have {} seats?")
     t = int(near(months, rng))
     q["tenure"], gold["tenure"] = noul(f"Has the customer been a customer for more than {t} months?"), months > t
     cut = renews + dt.timedelta(days=rng.choice([-7, -1, 0, 3, 20]))
