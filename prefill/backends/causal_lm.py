@@ -163,17 +163,11 @@ class CausalLMBackend:
         served packed pass, through layers 1..`layer` only): what layers `layer`+1.. read, so a LoRA on
         those layers trains without re-running the frozen ones."""
         n_state = len(state)
-        captured: list[torch.Tensor] = []
-        hook = self._all_layers[layer - 1].register_forward_hook(
-            lambda _m, _a, o: captured.append((o[0] if isinstance(o, tuple) else o)[0]))
-        try:
-            with self._layers(0, layer):
-                cache = DynamicCache(config=self.model.config)
-                self.model(input_ids=torch.tensor([list(state)], device=self.device), cache=cache, use_cache=True,
-                           logits_to_keep=1)
-        finally:
-            hook.remove()
-        state_hidden = captured[0].float().cpu().clone()
+        with self._outputs([layer]) as captured, self._layers(0, layer):
+            cache = DynamicCache(config=self.model.config)
+            self.model(input_ids=torch.tensor([list(state)], device=self.device), cache=cache, use_cache=True,
+                       logits_to_keep=1)
+        state_hidden = captured[layer].float().cpu().clone()
         out = []
         for chunk in self._readout_chunks(state, questions):
             tree = _Tree.build(chunk, n_state)
@@ -195,18 +189,12 @@ class CausalLMBackend:
         allowed[n_state:, n_state:] = tree.visibility()
         mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         positions = list(range(n_state)) + tree.positions
-        captured: list[torch.Tensor] = []
-        hook = self._all_layers[-1].register_forward_hook(
-            lambda _m, _a, o: captured.append((o[0] if isinstance(o, tuple) else o)[0]))
-        try:
-            with self._layers(inputs.layer, None):
-                out = self.model(inputs_embeds=torch.cat([inputs.state, inputs.hidden])[None].to(self.device, self.dtype),
-                                 position_ids=torch.tensor([positions], device=self.device),
-                                 attention_mask=mask.to(self.device), use_cache=False,
-                                 logits_to_keep=torch.tensor(tree.read_from, device=self.device) + n_state)
-        finally:
-            hook.remove()
-        hidden = captured[0][n_state:].float()
+        with self._outputs([self.depth]) as captured, self._layers(inputs.layer, None):
+            out = self.model(inputs_embeds=torch.cat([inputs.state, inputs.hidden])[None].to(self.device, self.dtype),
+                             position_ids=torch.tensor([positions], device=self.device),
+                             attention_mask=mask.to(self.device), use_cache=False,
+                             logits_to_keep=torch.tensor(tree.read_from, device=self.device) + n_state)
+        hidden = captured[self.depth][n_state:].float()
         ends = torch.tensor([e + [e[0]] * (max(tree.n_answers) - len(e)) for e in tree.option_end])
         return tree.answer_logliks(out.logits[0]), hidden[tree.decision], hidden[ends]
 
@@ -227,6 +215,19 @@ class CausalLMBackend:
                 raise ReadoutUnsupported(f"a question of {chunk[0].n_tokens} tokens is over the {self.chunk_tokens}-token "
                                          "chunk a trained readout reads in one pass; shorten its options")
             yield chunk
+
+    @contextlib.contextmanager
+    def _outputs(self, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+        """While the block runs, the outputs of the given decoder layers (1-based), by layer, batch row 0."""
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self._all_layers[i - 1].register_forward_hook(
+            lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0]))
+            for i in layers]
+        try:
+            yield captured
+        finally:
+            for h in hooks:
+                h.remove()
 
     @contextlib.contextmanager
     def _layers(self, start: int, stop: int | None):
@@ -269,10 +270,6 @@ class CausalLMBackend:
         """One pass of the tree over the cached state: each question's answer log-likelihoods, and with
         `layers` the hidden states after those decoder layers (1-based), (n_tokens, n_layers, hidden).
         `inputs_embeds` starts the pass from given hidden states instead of the tokens' embeddings."""
-        captured: dict[int, torch.Tensor] = {}
-        hooks = [self._all_layers[i - 1].register_forward_hook(
-            lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0]))
-            for i in layers]
         n = len(tree.ids)
         visible = tree.visibility()                                   # (n, n) bool, ancestors and self
         mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype)  # the state is visible to all
@@ -280,13 +277,10 @@ class CausalLMBackend:
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
         inputs = ({"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)} if inputs_embeds is not None
                   else {"input_ids": torch.tensor([tree.ids], device=self.device)})
-        try:
+        with self._outputs(layers) as captured:
             out = self.model(**inputs, position_ids=torch.tensor([tree.positions], device=self.device),
                              attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
                              logits_to_keep=torch.tensor(tree.read_from, device=self.device))
-        finally:
-            for h in hooks:
-                h.remove()
         self.forward_calls += 1
         self.tokens_run += n
         hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu() if layers else None
