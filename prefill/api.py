@@ -40,12 +40,10 @@ class Prefill:
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
                                        chat=chat, packing=packing, fingerprint=loading.fingerprint(source))
-        readouts = Readouts.load(readout, self.backend.fingerprint) if readout else None
-        if readouts and readouts.adapter:
-            self.backend.merge_adapter(readouts.adapter)
         self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
                              calibration=find_calibration(calibration, self.backend.fingerprint), use_facts=facts,
-                             readouts=readouts, fallback_below=fallback_below, fallback=fallback)
+                             readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
+                             fallback_below=fallback_below, fallback=fallback)
 
     @classmethod
     def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:

@@ -57,6 +57,11 @@ class Engine:
     fallback: Engine | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        # A readout trained with a LoRA reads the adapted model: merge it wherever a readout meets its backend.
+        if self.readouts is not None and self.readouts.adapter is not None:
+            self.backend.merge_adapter(self.readouts.adapter)
+
     @property
     def name(self) -> str:
         """The served model name: the base model's, plus the readout's when one is loaded."""

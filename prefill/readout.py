@@ -104,8 +104,8 @@ class Readout(nn.Module):
 @dataclass
 class Readouts:
     """What the engine serves with: the final head, optionally a shallower one for early exit, and the LoRA
-    adapter trained with the final head, if any (merged into the model's weights by whoever loads the
-    model: api.Prefill)."""
+    adapter trained with the final head, if any (merged into the backend's weights by the Engine it is
+    given to)."""
     final: Readout
     early: Readout | None = None
     name: str = ""

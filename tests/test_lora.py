@@ -67,13 +67,17 @@ def test_lora_learns_saves_and_serves_what_it_learned(tiny_model, tokenizer, tmp
     readouts = Readouts.load(tmp_path, "fp")
     assert readouts.adapter == tmp_path / "lora"
     served_backend = make_backend(copy.deepcopy(tiny_model), tokenizer)
-    served_backend.merge_adapter(readouts.adapter)
-    engine = Engine(served_backend, use_facts=False, readouts=readouts)
+    engine = Engine(served_backend, use_facts=False, readouts=readouts)  # merges the adapter
+    assert served_backend.adapter == readouts.adapter
     item = angry_items(8, "b")[0]
     answers, _ = engine.ask(item.state, item.questions)
     trained = after[:2]  # the first validation item's two questions, in declared order
     assert abs(answers["a"].noul - trained[0][0]) < 1e-4
     assert max(abs(answers["s"].probabilities[str(i)] - p) for i, p in enumerate(trained[1])) < 1e-4
+    again, _ = Engine(served_backend, use_facts=False, readouts=readouts).ask(item.state, item.questions)
+    assert abs(again["a"].noul - answers["a"].noul) < 1e-6  # a second engine does not merge it twice
+    with pytest.raises(ValueError, match="already has the adapter"):
+        served_backend.merge_adapter(tmp_path / "other")
 
     # the merged model keeps every invariance, and the adapter (not only the head) changes the answers
     plain = Engine(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False, readouts=Readouts(head))

@@ -26,7 +26,8 @@ class Backend(Protocol):
         ...
 
     # Backends that serve trained readouts also have features(state, questions, layers) (hidden states
-    # from the same packed pass) and features_early_exit(state, questions, early, final, exits).
+    # from the same packed pass) and features_early_exit(state, questions, early, final, exits); for a
+    # readout trained with a LoRA, merge_adapter(path), which the Engine calls.
 
 
 class ReadoutUnsupported(ValueError):

@@ -27,6 +27,7 @@ import copy
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -93,6 +94,7 @@ class CausalLMBackend:
         self.dtype = next(model.parameters()).dtype
         self.forward_calls = 0  # forward passes run: the state, then one per chunk
         self.tokens_run = 0     # tokens those passes ran (shared prompt prefixes and cached states count once)
+        self.adapter: Path | None = None  # a LoRA merged into the weights (merge_adapter)
         self.state_cache_tokens = state_cache_tokens
         self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
         self._all_layers = list(model.get_decoder().layers)
@@ -200,9 +202,15 @@ class CausalLMBackend:
 
     def merge_adapter(self, path) -> None:
         """Merge a LoRA adapter (peft's format, saved by `prefill train --kind lora`) into the weights: the
-        served pass is then the same computation as before, over updated weights."""
+        served pass is then the same computation as before, over updated weights. Once per backend: merging
+        the same adapter again does nothing, and another one is refused (the weights are no longer the base's)."""
+        if self.adapter is not None:
+            if Path(path) != self.adapter:
+                raise ValueError(f"this model already has the adapter {self.adapter} merged into its weights")
+            return
         from peft import PeftModel
         self.model = PeftModel.from_pretrained(self.model, str(path)).merge_and_unload().eval()
+        self.adapter = Path(path)
         self._all_layers = list(self.model.get_decoder().layers)
         self._states.clear()
 
