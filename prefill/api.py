@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
@@ -18,7 +19,10 @@ from .backends.causal_lm import CausalLMBackend
 from .calibration import Calibration, shipped
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, Engine
 from .readout import Readouts
+from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 from .schema import Answer, Choice, Noul, Score
+from .scoring import DEFAULT as DEFAULT_SCORING
+from .scoring import Scoring
 
 QuestionT = Noul | Choice | Score
 
@@ -27,21 +31,30 @@ class Prefill:
     """A model, loaded once, that answers typed questions about a state in one prefill pass."""
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
+                 system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
+                 score_words: str = DEFAULT_SCORE_WORDS, scoring: Mapping[str, str | Scoring] | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
                  calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
                  fallback_below: float | None = None, fallback: Engine | None = None):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
-        model), None serves the raw model probabilities. `facts`: answer single numeric and date
-        comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
+        model), None serves the raw model probabilities; a calibration fitted under another prompt or
+        scoring is not applied ("auto", with a warning) or refused (a path). `system`, `noul_words`,
+        `score_words`, `scoring`: the prompt and the training-free readout (render.py, scoring.py; the
+        defaults were chosen on real labelled text, README "Real text"). `facts`: answer single numeric and
+        date comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
         `fallback_below`: questions less sure than this go to `fallback` (a stronger engine) if given,
         else are reported as low-confidence (Engine.decide)."""
         source = loading.resolve(model)
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
-                                       chat=chat, packing=packing, fingerprint=loading.fingerprint(source))
-        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
-                             calibration=find_calibration(calibration, self.backend.fingerprint), use_facts=facts,
+                                       chat=chat, system=system, noul_words=noul_words, score_words=score_words,
+                                       packing=packing, fingerprint=loading.fingerprint(source))
+        ways = {**DEFAULT_SCORING, **{t: w if isinstance(w, Scoring) else Scoring.parse(w)
+                                      for t, w in (scoring or {}).items()}}
+        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens, scoring=ways,
+                             calibration=find_calibration(calibration, self.backend.fingerprint,
+                                                          setup(self.backend.renderer, ways)), use_facts=facts,
                              readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
                              fallback_below=fallback_below, fallback=fallback)
 
@@ -69,11 +82,29 @@ class Prefill:
         return self.engine.ask(state, questions, reference_date)[0]
 
 
-def find_calibration(choice: str | Path | None, fingerprint: str) -> Calibration | None:
+def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:
+    """What a calibration's temperatures depend on besides the weights: the prompt and the scoring."""
+    return {"prompt": f"{'chat' if renderer.chat else 'plain'}{'' if renderer.system else '-nosystem'}"
+                      f"-{renderer.noul_words}{'-levelnames' if renderer.score_words == 'names' else ''}",
+            **{t: str(w) for t, w in sorted(scoring.items())}}
+
+
+def find_calibration(choice: str | Path | None, fingerprint: str, used: dict[str, str] | None = None) -> Calibration | None:
+    """`used`: this engine's setup(); a calibration fitted under another one is skipped ("auto": the
+    temperatures would be wrong for these scores) or refused (a file the caller named)."""
     if choice is None:
         return None
     if choice == "auto":
         cached = loading.cache_dir() / "calibration" / f"{fingerprint[:16]}.json"
         path = cached if cached.is_file() else shipped(fingerprint)
-        return Calibration.load(path, fingerprint) if path else None
-    return Calibration.load(choice, fingerprint)
+        cal = Calibration.load(path, fingerprint) if path else None
+        if cal is not None and used is not None and not cal.fits(used):
+            fitted = cal.setup or "the whole-sequence readout of earlier versions"
+            warnings.warn(f"not applying {path}: it was fitted with {fitted}, not this engine's {used}; "
+                          "refit it with `prefill calibrate`", stacklevel=2)
+            return None
+        return cal
+    cal = Calibration.load(choice, fingerprint)
+    if used is not None and not cal.fits(used):
+        raise ValueError(f"{choice} was fitted with {cal.setup}, not this engine's {used}")
+    return cal

@@ -19,6 +19,7 @@ from pathlib import Path
 from .metrics import Prediction
 
 BUCKETS = ((2, 2), (3, 5), (6, 20), (21, 255))
+LEGACY_SETUP = {"prompt": "chat-yesno", "choice": "whole", "noul": "whole", "score": "whole"}
 T_MIN, T_MAX = 0.05, 20.0
 
 
@@ -40,8 +41,14 @@ def rescale(p: Sequence[float], temperature: float, bias: float = 0.0) -> list[f
     return [e / total for e in exps]
 
 
+def gold_mass(p: Sequence[float], gold: int | Sequence[float]) -> float:
+    """The probability of the gold answer; `gold` may also weigh several answers (a binary label on a
+    graded question: "positive" is the levels above the middle, and half of the middle one)."""
+    return p[gold] if isinstance(gold, int) else sum(w * x for w, x in zip(gold, p))
+
+
 def nll_at(preds: Sequence[Prediction], temperature: float) -> float:
-    return -sum(math.log(max(rescale(p, temperature)[g], 1e-300)) for p, g in preds) / len(preds)
+    return -sum(math.log(max(gold_mass(rescale(p, temperature), g), 1e-300)) for p, g in preds) / len(preds)
 
 
 def fit_temperature(preds: Sequence[Prediction]) -> float:
@@ -114,6 +121,13 @@ class Calibration:
     by_bucket: dict[str, float] = field(default_factory=dict)
     bias: dict[str, float] = field(default_factory=dict)  # added to the first answer's logit ("noul": yes)
     notes: dict = field(default_factory=dict)
+    # The prompt and scoring the temperatures were fitted under (api.setup); files from before the scoring
+    # choice existed were fitted under LEGACY_SETUP.
+    setup: dict[str, str] = field(default_factory=dict)
+
+    def fits(self, used: dict[str, str]) -> bool:
+        """Whether these temperatures were fitted on scores made the way `used` makes them."""
+        return (self.setup or LEGACY_SETUP) == used
 
     def temperature(self, qtype: str, n_options: int) -> float:
         return self.by_bucket.get(f"{qtype}:{bucket(n_options)}", self.by_type.get(qtype, 1.0))
@@ -153,8 +167,8 @@ class Calibration:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps({"model": self.model, "fingerprint": self.fingerprint,
                                           "temperatures": {"by_type": self.by_type, "by_bucket": self.by_bucket},
-                                          "bias": self.bias,
-                                          "notes": self.notes}, indent=2) + "\n")
+                                          "bias": self.bias, "setup": self.setup,
+                                          "notes": self.notes}, indent=2, ensure_ascii=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, fingerprint: str | None = None) -> Calibration:
@@ -164,7 +178,7 @@ class Calibration:
                              f"not this model's {fingerprint[:16]}…")
         t = data["temperatures"]
         return cls(data["model"], data["fingerprint"], dict(t.get("by_type", {})), dict(t.get("by_bucket", {})),
-                   dict(data.get("bias", {})), data.get("notes", {}))
+                   dict(data.get("bias", {})), data.get("notes", {}), dict(data.get("setup", {})))
 
 
 def shipped(fingerprint: str) -> Path | None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .engine import DEFAULT_MAX_REQUEST_TOKENS
+from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,11 +18,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def model_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", default=None,
-                       help="a Hugging Face model id, a local model directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+                       help="an embedded model (qwen2.5-coder-0.5b-instruct, the default; smollm2-135m-instruct, 3x faster "
+                            "but at chance on real text), a Hugging Face model id, a local model directory or a .gguf file")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         p.add_argument("--packing", default="auto", choices=["auto", "packed", "rows"],
                        help="packed: one tree-masked pass; rows: a row per answer over the cached state (for models that ignore masks)")
         p.add_argument("--no-chat", action="store_true", help="use a plain prompt instead of the model's chat template")
+        p.add_argument("--system", default="on" if DEFAULT_SYSTEM else "off", choices=["on", "off"],
+                       help="prefill's instruction as a system turn, or only the text and the question "
+                            f"(default {'on' if DEFAULT_SYSTEM else 'off'})")
+        p.add_argument("--noul-words", default=DEFAULT_NOUL_WORDS, choices=["yesno", "truefalse"],
+                       help=f"the two answers of a yes/no question: Yes/No or True/False (default {DEFAULT_NOUL_WORDS})")
+        p.add_argument("--score-words", default=DEFAULT_SCORE_WORDS, choices=["numbers", "names"],
+                       help=f"a score question's levels answered by number or by their own words (default {DEFAULT_SCORE_WORDS})")
+        p.add_argument("--scoring", action="append", default=[], metavar="TYPE=READOUT[+CORRECTION]",
+                       help="how answers are read for a question type (noul, choice, score or all), e.g. "
+                            "choice=first or all=whole+pmi; readouts whole|noend|mean|first, corrections "
+                            "contextual|pmi|none (default: whole+contextual for every type; README 'Real text')")
         p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
         p.add_argument("--calibration", default="auto",
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
@@ -126,10 +139,23 @@ def _prefill(args):
         fallback = Prefill(args.fallback_model, dtype=args.dtype, max_request_tokens=args.max_request_tokens,
                            facts=args.facts == "on").engine
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
+                   system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words, scoring=_scoring(args.scoring),
                    max_request_tokens=args.max_request_tokens,
                    calibration=None if args.calibration == "none" else args.calibration,
                    facts=args.facts == "on", readout=args.readout, fallback_below=args.fallback_below,
                    fallback=fallback)
+
+
+def _scoring(values: list[str]) -> dict[str, str] | None:
+    """--scoring TYPE=WAY options as {type: way}; `all` sets every type, later options win."""
+    out: dict[str, str] = {}
+    for value in values:
+        qtype, sep, way = value.partition("=")
+        if not sep or qtype not in ("noul", "choice", "score", "all"):
+            raise SystemExit(f"prefill: --scoring takes TYPE=READOUT[+CORRECTION] with TYPE noul, choice, score or all, "
+                             f"not {value!r}")
+        out.update(dict.fromkeys(("noul", "choice", "score") if qtype == "all" else (qtype,), way))
+    return out or None
 
 
 def _scored(args, facts: bool):
@@ -138,7 +164,7 @@ def _scored(args, facts: bool):
     items = evaluate.load_jsonl(args.data)
     pf = _prefill(args)
     raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts,
-                 readouts=pf.engine.readouts)  # uncalibrated
+                 readouts=pf.engine.readouts, scoring=pf.engine.scoring)  # uncalibrated
     return pf, items, evaluate.predict(raw, items)
 
 
@@ -164,6 +190,7 @@ def _eval(args) -> int:
 
 def _calibrate(args) -> int:
     from . import evaluate
+    from .api import setup
     from .loading import cache_dir
     pf, items, scored = _scored(args, facts=False)  # temperatures are the model's; exact answers need none
     fp = pf.backend.fingerprint
@@ -176,6 +203,7 @@ def _calibrate(args) -> int:
         result["held_out_per_bucket"] = per_bucket
         buckets = sum(v["log_loss"] for v in per_bucket.values()) < sum(v["log_loss"] for v in per_type.values())
     cal = evaluate.fit(pf.name, fp, scored, buckets=buckets)
+    cal.setup = setup(pf.backend.renderer, pf.engine.scoring)
     cal.notes = {"data": Path(args.data).name, "items": len(items), "buckets_used": buckets,
                  "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"], "raw": before}
     path = Path(args.out) if args.out else cache_dir() / "calibration" / f"{fp[:16]}.json"

@@ -20,6 +20,8 @@ from .backends.base import Backend
 from .calibration import Calibration
 from .readout import Readouts
 from .render import Branches, render_text
+from .scoring import DEFAULT as DEFAULT_SCORING
+from .scoring import PriorCache, Scoring, corrected
 from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
 DEFAULT_MAX_REQUEST_TOKENS = 262_144
@@ -55,6 +57,10 @@ class Engine:
     # `fallback_below` are re-asked to `fallback` (a stronger engine) if there is one, else reported.
     fallback_below: float | None = None
     fallback: Engine | None = None
+    # How the training-free path turns token log-probabilities into answer scores, per question type
+    # (scoring.py: readout and correction; the default was chosen on real labelled text).
+    scoring: Mapping[str, Scoring] = field(default_factory=lambda: dict(DEFAULT_SCORING))
+    _priors: PriorCache = field(default_factory=PriorCache, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,12 +126,27 @@ class Engine:
         n_tokens = self._check_limits(state_ids, branches)
         with self._lock:  # one forward at a time; concurrent requests queue here
             if self.readouts is None:
-                per_branch = [self._calibrated(t, s) for t, s in zip(qtypes, self.backend.score(state_ids, branches))]
+                per_branch = [self._calibrated(t, s) for t, s in zip(qtypes, self.scores(state_ids, branches, qtypes))]
                 exited: set[int] = set()
             else:
                 per_branch, exited = self._read_heads(state_ids, branches, qtypes)
         probs.update({qid: per_branch[slot[qid]] for qid in asked})
         return probs, n_tokens, [qid for qid in asked if slot[qid] in exited]
+
+    def scores(self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]) -> list[list[float]]:
+        """Training-free answer scores: each question's readout over one packed pass, then its correction
+        (a content-free prior per distinct question, cached). Before calibration."""
+        ways = [self.scoring.get(t) or Scoring() for t in qtypes]
+        cut = [w.branches(b) for w, b in zip(ways, branches)]
+        out = [w.combine(c, s) for w, c, s in zip(ways, cut, self.backend.score(state_ids, cut))]
+        renderer = self.backend.renderer
+        for way in {w for w in ways if w.correction != "none"}:
+            idx = [i for i, w in enumerate(ways) if w == way]
+            priors = self._priors.log_priors(way, [cut[i] for i in idx],
+                                             lambda text, bs: self.backend.score(renderer.state(text), bs))
+            for i, prior in zip(idx, priors):
+                out[i] = corrected(out[i], prior)
+        return out
 
     def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:
         return softmax(self.calibration.adjust(qtype, loglik) if self.calibration else loglik)

@@ -98,6 +98,24 @@ def mean_absolute_error(preds: Sequence[Prediction]) -> float:
     return sum(abs(sum(i * x for i, x in enumerate(p)) - g) for p, g in preds) / len(preds)
 
 
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """Area under the ROC curve: the chance that a random positive scores above a random negative (ties
+    count half). 0.5 is no signal; under 0.5 the scores rank the classes backwards."""
+    ranked = sorted(zip(scores, positive))
+    n_pos = sum(positive)
+    n_neg = len(ranked) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):  # average ranks over ties
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        rank_sum += sum(pos for _, pos in ranked[i:j]) * (i + j + 1) / 2
+        i = j
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
 def summary(preds: Sequence[Prediction], labels: Sequence[Sequence[str]], ordinal: bool) -> dict:
     out = {"n": len(preds), "accuracy": accuracy(preds), "macro_f1": macro_f1(preds, labels),
            "log_loss": log_loss(preds), "brier": brier(preds), "ece": ece(preds), "ece_floor": ece_floor(preds)}

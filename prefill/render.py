@@ -24,6 +24,12 @@ _USER = "\x00USER\x00"
 _REPLY = "\x00REPLY\x00"
 
 YES, NO = "Yes", "No"
+ANSWER_WORDS = {"yesno": (YES, NO), "truefalse": ("True", "False")}
+# The prompt choices served by default (measured on real labelled text: README "Real text").
+DEFAULT_SYSTEM = True
+DEFAULT_NOUL_WORDS = "yesno"
+DEFAULT_SCORE_WORDS = "numbers"
+SCORE_WORDS = ("numbers", "names")
 
 
 # ---------------------------------------------------------------- structured text
@@ -79,24 +85,25 @@ class Rendered:
     answers: tuple[str, ...]
 
 
-def render_question(q: Noul | Choice | Score) -> Rendered:
+def render_question(q: Noul | Choice | Score, noul_words: str = DEFAULT_NOUL_WORDS,
+                    score_words: str = DEFAULT_SCORE_WORDS) -> Rendered:
     if isinstance(q, Noul):
-        return _render_noul(q)
+        return _render_noul(q, *ANSWER_WORDS[noul_words])
     if isinstance(q, Choice):
         return _render_choice(q)
-    return _render_score(q)
+    return _render_score_names(q) if score_words == "names" else _render_score(q)
 
 
-def _render_noul(q: Noul) -> Rendered:
+def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
     lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
              else "Question: Does the description below hold for the text?"]
     crit = q.criteria
     if crit is not None and crit.true is not None:
-        lines.append(f"{YES} means: {_inline(crit.true)}")
+        lines.append(f"{yes} means: {_inline(crit.true)}")
     if crit is not None and crit.false is not None:
-        lines.append(f"{NO} means: {_inline(crit.false)}")
-    lines.append(f"Answer {YES} or {NO}.")
-    return Rendered("\n".join(lines), (YES, NO))
+        lines.append(f"{no} means: {_inline(crit.false)}")
+    lines.append(f"Answer {yes} or {no}.")
+    return Rendered("\n".join(lines), (yes, no))
 
 
 def _render_choice(q: Choice) -> Rendered:
@@ -117,6 +124,17 @@ def _render_score(q: Score) -> Rendered:
     return Rendered("\n".join(lines), tuple(str(i) for i in range(len(q.criteria))))
 
 
+def _render_score_names(q: Score) -> Rendered:
+    """Levels answered by their own words ("Very angry") rather than their numbers, listed in order; a
+    level with no words is answered by its number."""
+    names = [_inline(level) or str(i) for i, level in enumerate(q.criteria)]
+    lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
+             else "Question: Which level fits the text best?", "Levels, from lowest to highest:"]
+    lines += [f"- {name}" for name in names]
+    lines.append("Answer with exactly one level.")
+    return Rendered("\n".join(lines), tuple(names))
+
+
 # ---------------------------------------------------------------- the model's prompt format
 
 @dataclass(frozen=True)
@@ -130,16 +148,24 @@ class PromptFormat:
     end: str
 
     @classmethod
-    def plain(cls, bos: str = "") -> PromptFormat:
-        return cls(head=f"{bos}{SYSTEM}\n\nText:\n", between="\n\n", tail="\nAnswer: ", end="\n")
+    def plain(cls, bos: str = "", system: bool = True) -> PromptFormat:
+        return cls(head=f"{bos}{SYSTEM}\n\nText:\n" if system else f"{bos}Text:\n", between="\n\n",
+                   tail="\nAnswer: ", end="\n")
 
     @classmethod
-    def from_chat_template(cls, tokenizer: Any) -> PromptFormat:
-        prompt = _apply(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _USER}], True)
+    def from_chat_template(cls, tokenizer: Any, system: bool = True) -> PromptFormat:
+        """`system`: the instruction as a system turn (folded into the user turn for templates that refuse
+        one); without it, the user turn holds the text and the question only, and the template's own
+        default system turn (if it has one) stands."""
         text_intro = "Text:\n"
-        if prompt is None or _USER not in prompt:  # templates that refuse a system turn: fold it into the user turn
+        prompt = None
+        if system:
+            prompt = _apply(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _USER}], True)
+            if prompt is None or _USER not in prompt:  # templates that refuse a system turn
+                text_intro = f"{SYSTEM}\n\nText:\n"
+                prompt = None
+        if prompt is None:
             prompt = _apply(tokenizer, [{"role": "user", "content": _USER}], True)
-            text_intro = f"{SYSTEM}\n\nText:\n"
         if prompt is None or _USER not in prompt:
             raise ValueError("the chat template does not render a user turn")
         head, tail = prompt.split(_USER)
@@ -162,9 +188,11 @@ def _apply(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str
 @dataclass(frozen=True)
 class Branches:
     """One question as tokens: the prompt that follows the state, and each answer's continuation
-    (answer text plus the end-of-answer marker), in the caller's option order."""
+    (answer text plus the end-of-answer marker, whose last `end` tokens are the marker), in the caller's
+    option order."""
     prompt: tuple[int, ...]
     answers: tuple[tuple[int, ...], ...]
+    end: int = 0
 
     @property
     def n_tokens(self) -> int:
@@ -172,18 +200,28 @@ class Branches:
 
 
 class Renderer:
-    """Turns states and questions into token ids for one tokenizer and prompt format."""
+    """Turns states and questions into token ids for one tokenizer and prompt format.
 
-    def __init__(self, tokenizer: Any, chat: bool | None = None):
+    `system` (the instruction as a system turn), `noul_words` (yes/no questions answered "Yes"/"No" or
+    "True"/"False") and `score_words` (levels answered by number or by name) are the prompt choices
+    measured on real labelled text (benchmarks/realtext.py)."""
+
+    def __init__(self, tokenizer: Any, chat: bool | None = None, system: bool = DEFAULT_SYSTEM,
+                 noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS):
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat = has_template if chat is None else (chat and has_template)
+        if noul_words not in ANSWER_WORDS:
+            raise ValueError(f"noul_words must be one of {', '.join(ANSWER_WORDS)}, not {noul_words!r}")
+        if score_words not in SCORE_WORDS:
+            raise ValueError(f"score_words must be one of {', '.join(SCORE_WORDS)}, not {score_words!r}")
+        self.system, self.noul_words, self.score_words = system, noul_words, score_words
         if self.chat:
-            self.format = PromptFormat.from_chat_template(tokenizer)
+            self.format = PromptFormat.from_chat_template(tokenizer, system)
         else:
             bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
-            self.format = PromptFormat.plain(bos or "")
+            self.format = PromptFormat.plain(bos or "", system)
 
     def _encode(self, text: str, split_special: bool) -> list[int]:
         if not text:
@@ -206,10 +244,10 @@ class Renderer:
         return self._trusted(self.format.head) + self._user(render_text(state))
 
     def question(self, q: Noul | Choice | Score) -> Branches:
-        r = render_question(q)
+        r = render_question(q, self.noul_words, self.score_words)
         prompt = self._user(self.format.between + r.prompt) + self._trusted(self.format.tail)
         end = self._trusted(self.format.end)
-        return Branches(tuple(prompt), tuple(tuple(self._user(a) + end) for a in r.answers))
+        return Branches(tuple(prompt), tuple(tuple(self._user(a) + end) for a in r.answers), len(end))
 
 
 def _adds_bos(tokenizer: Any) -> bool:

@@ -11,6 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from prefill.backends.causal_lm import CausalLMBackend
 from prefill.engine import Engine
 from prefill.loading import default_gguf
+from prefill.scoring import Scoring
+
+RAW = {t: Scoring("whole", "none") for t in ("noul", "choice", "score")}  # whole-sequence likelihood, uncorrected
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

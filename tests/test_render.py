@@ -45,3 +45,24 @@ def test_caller_text_never_becomes_a_special_token(tokenizer):
 def test_plain_format_without_chat_template(tokenizer):
     r = Renderer(tokenizer, chat=False)
     assert not r.chat and r.format.tail.endswith("Answer: ")
+
+
+def test_prompt_choices_render_as_documented(tokenizer):
+    """The prompt choices compared on real text (benchmarks/realtext.py): True/False answers, level names,
+    and the instruction's system turn left out."""
+    assert render_question(Noul("Is it?"), "truefalse").answers == ("True", "False")
+    named = render_question(Score("How?", ["lo", {"label": "mid"}, "hi"]), score_words="names")
+    assert named.answers == ("lo", "label: mid", "hi")
+    assert "Levels, from lowest to highest:\n- lo\n- label: mid\n- hi" in named.prompt
+    with_system, without = Renderer(tokenizer), Renderer(tokenizer, system=False)
+    assert "You answer questions" in with_system.format.head and "You answer questions" not in without.format.head
+    assert without.state("x") != with_system.state("x")
+
+
+def test_a_prompt_choice_keeps_every_invariance(tiny_model, tokenizer):
+    from prefill.engine import Engine
+
+    from .conftest import make_backend
+    from .test_readout import assert_invariances
+    engine = Engine(make_backend(tiny_model, tokenizer, system=False, noul_words="truefalse", score_words="names"))
+    assert_invariances(engine, Engine(make_backend(tiny_model, tokenizer)))

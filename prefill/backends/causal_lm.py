@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from ..render import Branches, Renderer
+from ..render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM, Branches, Renderer
 from .base import ReadoutUnsupported
 
 # Layer kinds that take a custom attention mask. Anything else (linear attention, mamba, conv, ...) is
@@ -75,14 +75,15 @@ class CausalLMBackend:
     """
 
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
-                 chat: bool | None = None, packing: str = "auto", chunk_tokens: int = 512,
-                 state_cache_tokens: int = 16384, fingerprint: str = ""):
+                 chat: bool | None = None, system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
+                 score_words: str = DEFAULT_SCORE_WORDS, packing: str = "auto",
+                 chunk_tokens: int = 512, state_cache_tokens: int = 16384, fingerprint: str = ""):
         self.model = model.eval()
         self.name = name
         self.fingerprint = fingerprint
         self.description = description or f"{name} (causal LM, one prefill pass)"
         self.release_date = release_date
-        self.renderer = Renderer(tokenizer, chat=chat)
+        self.renderer = Renderer(tokenizer, chat=chat, system=system, noul_words=noul_words, score_words=score_words)
         self.chunk_tokens = chunk_tokens
         cfg = model.config.get_text_config(decoder=True)
         self.max_context = int(getattr(cfg, "max_position_embeddings", None) or 4096)

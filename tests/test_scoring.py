@@ -1,0 +1,102 @@
+"""Training-free readouts and corrections (prefill/scoring.py) on tiny random models: each readout is what a
+plain forward gives, the contextual correction divides out exactly the content-free prior, and corrected
+answers keep every invariance of the packed path (packed vs alone, ids, question and option order)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prefill.engine import Engine, softmax
+from prefill.schema import Choice, Noul
+from prefill.scoring import CONTENT_FREE, READOUTS, Scoring
+
+from .conftest import RAW, make_backend
+from .test_exactness import QUESTIONS, STATE, TOL
+from .test_readout import assert_invariances
+
+
+def plain_token_logprobs(model, state: list[int], prompt, answer) -> list[float]:
+    seq = list(state) + list(prompt) + list(answer)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), -1)
+    start = len(state) + len(prompt)
+    return [float(logp[start + k - 1, t]) for k, t in enumerate(answer)]
+
+
+@pytest.mark.parametrize("readout", READOUTS)
+def test_each_readout_is_what_a_plain_forward_gives(tiny_model, tokenizer, readout):
+    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring(readout) for t in RAW})
+    r = engine.backend.renderer
+    state = r.state(STATE)
+    branches = [r.question(q) for q in QUESTIONS.values()]
+    got = engine.scores(state, branches, [q.type for q in QUESTIONS.values()])
+    for b, per_answer in zip(branches, got):
+        assert b.end >= 1
+        for answer, score in zip(b.answers, per_answer):
+            lp = plain_token_logprobs(tiny_model, state, b.prompt, answer)
+            want = {"whole": sum(lp), "noend": sum(lp[:-b.end]), "mean": sum(lp) / len(lp), "first": lp[0]}[readout]
+            assert abs(score - want) < 1e-3
+
+
+@pytest.mark.parametrize("correction", ["contextual", "pmi"])
+def test_the_correction_divides_out_the_content_free_prior(tiny_model, tokenizer, correction):
+    backend = make_backend(tiny_model, tokenizer)
+    raw = Engine(backend, scoring=RAW, use_facts=False)
+    engine = Engine(backend, scoring={t: Scoring("whole", correction) for t in RAW}, use_facts=False)
+    got = engine.ask(STATE, QUESTIONS)[0]
+    for qid, q in QUESTIONS.items():
+        p_state = raw.probabilities(STATE, {qid: q})[0][qid]
+        p_free = [raw.probabilities(text, {qid: q})[0][qid] for text in CONTENT_FREE[correction]]
+        prior = [sum(p[k] for p in p_free) / len(p_free) for k in range(len(p_state))]
+        want = softmax([math.log(a) - math.log(b) for a, b in zip(p_state, prior)])
+        have = [got[qid].noul, 1 - got[qid].noul] if q.type == "noul" else list(got[qid].probabilities.values())
+        assert max(abs(x - y) for x, y in zip(have, want)) <= TOL
+
+
+@pytest.mark.parametrize("way", ["whole+contextual", "first+contextual", "mean+pmi", "noend+contextual"])
+def test_corrected_answers_keep_every_invariance(tiny_model, tokenizer, way):
+    scoring = {t: Scoring.parse(way) for t in RAW}
+    engine = Engine(make_backend(tiny_model, tokenizer), scoring=scoring)
+    assert_invariances(engine, Engine(make_backend(tiny_model, tokenizer), scoring=RAW))
+    # and a fresh engine (nothing cached) gives the same answers as one whose priors came from other requests
+    fresh = Engine(make_backend(tiny_model, tokenizer), scoring=scoring)
+    for qid, q in QUESTIONS.items():
+        a, b = fresh.ask(STATE, {qid: q})[0][qid], engine.ask(STATE, QUESTIONS)[0][qid]
+        pa = [a.noul] if a.type == "noul" else list(a.probabilities.values())
+        pb = [b.noul] if b.type == "noul" else list(b.probabilities.values())
+        assert max(abs(x - y) for x, y in zip(pa, pb)) <= TOL
+
+
+def test_the_prior_costs_passes_once_per_new_question(tiny_model, tokenizer):
+    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring("whole", "contextual") for t in RAW})
+    engine.ask(STATE, QUESTIONS)
+    n_free = len(CONTENT_FREE["contextual"])
+    assert engine.backend.forward_calls == 2 + 2 * n_free  # the request; each content-free state and the tree
+    engine.ask("The app crashes on launch since the update.", QUESTIONS)
+    assert engine.backend.forward_calls == 2 + 2 * n_free + 2  # priors cached: one state, one packed pass
+    engine.ask("Another ticket.", {"new": Noul("Is this about shipping?")})
+    assert engine.backend.forward_calls == 2 + 2 * n_free + 2 + 2 + n_free  # content-free states are cached
+
+
+def test_a_question_that_leans_whatever_the_text_is_evened_out(tiny_model, tokenizer):
+    """What the correction is for: the answer lean a question has on content-free input is divided out. With
+    PMI's single content-free state (the empty text), that state's own answers come out exactly uniform."""
+    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring("whole", "pmi") for t in RAW},
+                    use_facts=False)
+    raw = Engine(engine.backend, scoring=RAW, use_facts=False)
+    q = {"q": Choice("Which team?", ["Billing", "Technical", "Sales"])}
+    leaning = raw.probabilities("", q)[0]["q"]
+    assert max(leaning) - min(leaning) > 0.05  # the raw model does lean
+    evened = engine.probabilities("", q)[0]["q"]
+    assert max(abs(p - 1 / 3) for p in evened) <= TOL
+
+
+def test_scoring_names_parse_and_bad_ones_are_refused():
+    assert Scoring.parse("first+contextual") == Scoring("first", "contextual")
+    assert str(Scoring.parse("whole")) == "whole"
+    with pytest.raises(ValueError):
+        Scoring.parse("last")
+    with pytest.raises(ValueError):
+        Scoring.parse("whole+magic")
