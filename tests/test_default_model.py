@@ -107,24 +107,12 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
     than one answer for all would be (the default before this test, SmolLM2 with a bias fitted on synthetic
     tasks, said "No" to every review and ranked them backwards). Not every one is right at 0.5: the 0.5B
     model gets 13 (French) and 11 (Dutch) of the 18; README "Real text"."""
-    from benchmarks.realtext import obvious_reviews
+    from benchmarks.realtext import ask_obvious, obvious_reviews
     examples = obvious_reviews(task)
     assert sum(pos for _, pos in examples) == 3 and len(examples) == 6
-    questions = {"positive": Noul("Is this review positive?"),
-                 "sentiment": Choice("What is the sentiment of this review?",
-                                     {"positive": "the reviewer liked it", "negative": "the reviewer did not like it"}),
-                 "rating": Score("How positive is this review?",
-                                 ["Very negative", "Negative", "Mixed", "Positive", "Very positive"])}
-    readings = {"positive": lambda a: a.noul, "sentiment": lambda a: a.probabilities["positive"],
-                "rating": lambda a: a.score / 4}  # each on 0..1, 0.5 in the middle
-    seen = {qid: {True: [], False: []} for qid in questions}
-    for text, positive in examples:
-        answers = served_default.ask(text, questions)
-        for qid, read in readings.items():
-            seen[qid][positive].append(read(answers[qid]))
+    seen, right = ask_obvious(served_default, task)
     for qid, by_label in seen.items():
         assert sum(by_label[True]) > sum(by_label[False]), (qid, by_label)  # not backwards
-    right = sum((x > 0.5) == positive for by_label in seen.values() for positive, xs in by_label.items() for x in xs)
     assert right > 9, seen  # better than one answer for every review, which gets 9 of the 18 right
 
 
