@@ -123,7 +123,7 @@ def main() -> None:
             for rl in (0.0, 1.0):
                 label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
                 cfg = training.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
-                head, log = training.fit_head(fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed)
+                head, log, _ = training.fit_head(fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed)
                 for name, ex in splits.items():
                     s = scores(ex, training.predict(head, ex, last))
                     runs[label][name].append((s["accuracy"], s["ece"]))
@@ -143,7 +143,7 @@ def main() -> None:
     early = {}
     for i, k in enumerate(early_layers):
         cfg = training.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
-        head, _ = training.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
+        head, _, _ = training.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
         thr, fit_report = training.exit_threshold(training.predict(head, val, i), training.predict(final, val, last),
                                                   [e.gold for e in val])
         result = {"threshold": thr, "validation": fit_report}

@@ -35,7 +35,7 @@ class Prefill:
                  score_words: str = DEFAULT_SCORE_WORDS, scoring: Mapping[str, str | Scoring] | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
                  calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
-                 fallback_below: float | None = None, fallback: Engine | None = None):
+                 fallback_below: float | None = None, fallback: Any = None):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
         model), None serves the raw model probabilities; a calibration fitted under another prompt or
@@ -43,8 +43,9 @@ class Prefill:
         `score_words`, `scoring`: the prompt and the training-free readout (render.py, scoring.py; the
         defaults were chosen on real labelled text, README "Real text"). `facts`: answer single numeric and
         date comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
-        `fallback_below`: questions less sure than this go to `fallback` (a stronger engine) if given,
-        else are reported as low-confidence (Engine.decide)."""
+        `fallback_below`: questions less sure than this go to `fallback` (a stronger engine, or a remote
+        server: fallback.remote) if given, else are reported as low-confidence (Engine.decide).
+        More readouts on the same weights: `add_readout`; `engines` has them all by served name."""
         source = loading.resolve(model)
         hf_model, tokenizer = loading.load(source, dtype)
         self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
@@ -57,12 +58,33 @@ class Prefill:
                                                           setup(self.backend.renderer, ways)), use_facts=facts,
                              readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
                              fallback_below=fallback_below, fallback=fallback)
+        self.engines: dict[str, Engine] = {self.engine.name: self.engine}
+
+    def add_readout(self, path: str | Path, name: str | None = None) -> Engine:
+        """Another trained readout served beside the others, on this one copy of the base weights and its
+        state cache (the heads are small; only they are loaded). Served as `name` (default: base+folder).
+        A readout trained with a LoRA changes the base's weights, so it cannot share them: load it alone
+        (`Prefill(readout=...)`)."""
+        heads = Readouts.load(path, self.backend.fingerprint)
+        if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
+            raise ValueError(f"{path}: a readout trained with a LoRA adapter changes the base model's weights, so "
+                             "it cannot share them with other readouts or the plain base; serve it alone "
+                             "(prefill serve --readout DIR) in its own process")
+        base = self.engine
+        engine = Engine(self.backend, max_request_tokens=base.max_request_tokens, use_facts=base.use_facts,
+                        readouts=heads, fallback_below=base.fallback_below, fallback=base.fallback,
+                        served_as=name)
+        if engine.name in self.engines:
+            raise ValueError(f"two served models would be named {engine.name!r}; name them (--readout NAME=DIR)")
+        self.engines[engine.name] = engine
+        return engine
 
     @classmethod
     def from_backend(cls, backend: Any, **engine_options: Any) -> Prefill:
         self = cls.__new__(cls)
         self.backend = backend
         self.engine = Engine(backend, **engine_options)
+        self.engines = {self.engine.name: self.engine}
         return self
 
     @property

@@ -346,7 +346,11 @@ def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     # The fact pass off: the benchmark measures the model path (it would answer one SemIf question exactly).
     # With --readout, the served path is measured (the trained heads, their early exit, a LoRA merged).
-    pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=args.readout)
+    from .cli import readout_options
+    readouts = readout_options(args.readout)
+    if len(readouts) > 1:
+        raise SystemExit("prefill bench: one --readout at a time")
+    pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=readouts[0][1] if readouts else None)
     quick = args.quick
     repeats = 1 if quick else args.repeats
     n_q = 3 if quick else 21

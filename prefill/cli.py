@@ -40,12 +40,24 @@ def main(argv: list[str] | None = None) -> int:
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
         p.add_argument("--facts", default="on", choices=["on", "off"],
                        help="answer single numeric and date comparisons exactly, by parsing (default on)")
-        p.add_argument("--readout", default=None,
-                       help="a trained readout (prefill train's folder or file), read instead of the log-likelihoods")
+        p.add_argument("--readout", action="append", default=[], metavar="[NAME=]DIR",
+                       help="a trained readout (prefill train's folder or file), read instead of the log-likelihoods; "
+                            "serve: repeatable, each served as model NAME (default: base+folder) beside the plain "
+                            "base, all on one copy of the weights (a LoRA readout must be served alone)")
         p.add_argument("--fallback-below", type=float, default=None,
-                       help="questions whose top probability is under this are escalated (--fallback-model) "
-                            "or listed in x_low_confidence")
-        p.add_argument("--fallback-model", default=None, help="a stronger model for low-confidence questions")
+                       help="questions whose confidence, (p_max - 1/n)/(1 - 1/n), is under this are escalated "
+                            "(--fallback-url or --fallback-model) or listed in x_low_confidence")
+        p.add_argument("--fallback-url", default=None,
+                       help="a server for low-confidence questions: another System One server, or with "
+                            "--fallback-kind openai an OpenAI-compatible chat endpoint (its base URL)")
+        p.add_argument("--fallback-kind", default="systemone", choices=["systemone", "openai"])
+        p.add_argument("--fallback-model", default=None,
+                       help="with --fallback-url: the model name to ask there (System One default jev-latest; "
+                            "required for openai); without: a stronger local model loaded in this process")
+        p.add_argument("--fallback-key", default=os.environ.get("PREFILL_FALLBACK_KEY"),
+                       help="Bearer key for --fallback-url (also PREFILL_FALLBACK_KEY)")
+        p.add_argument("--fallback-timeout", type=float, default=10.0,
+                       help="seconds to wait for --fallback-url before keeping the local answer (default 10)")
 
     serve = sub.add_parser("serve", help="serve the TypeSafe System One API")
     model_options(serve)
@@ -54,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", action="append", default=[],
                        help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--default-model", default=None,
+                       help="the served model the jev-* aliases point to (default: the first --readout, else the base)")
 
     ask = sub.add_parser("ask", help="answer questions about a state, JSON out")
     model_options(ask)
@@ -84,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="recorded {request, response} JSONL (prefill record, or any System One server's); "
                          "repeatable; without it the gold labels are the target")
     tr.add_argument("--label-weight", type=float, default=0.5, help="weight of the gold label in the target")
-    tr.add_argument("--kind", default="linear", choices=["linear", "pointer", "lora"],
+    tr.add_argument("--kind", default="linear", choices=["linear", "pointer", "mlp", "lora"],
                     help="lora: a LoRA on the top layers trained with a linear head (lora.py); heavier, slower")
     tr.add_argument("--lora-layers", type=int, default=8, help="lora: how many top decoder layers get the adapter")
     tr.add_argument("--lora-rank", type=int, default=8)
@@ -95,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="weight of the RLCD term (default 0, cross-entropy only: the RL term did not help "
                          "consistently in the README's ablation)")
     tr.add_argument("--early-layer", type=int, default=None,
-                    help="also train an early-exit head here (default: a third of the depth, as measured; 0: none)")
+                    help="also train an early-exit head here (default: a third of the depth for data of several "
+                         "families, none for one task, as measured; 0: none)")
     tr.add_argument("--exclude-families", default="", help="comma-separated families never trained on")
     tr.add_argument("--out", required=True, help="a folder: final.* and early.* (safetensors + json), and lora/ for --kind lora")
 
@@ -133,18 +148,72 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _prefill(args):
+    """The Prefill the options describe: the base model, a readout, the fallback. `prefill serve`'s
+    further readouts are added by `_engines`."""
     from .api import Prefill
+    from .fallback import remote
     fallback = None
-    if args.fallback_model:
+    if args.fallback_url:
+        fallback = remote(args.fallback_url, args.fallback_kind, model=args.fallback_model,
+                          api_key=args.fallback_key, timeout=args.fallback_timeout)
+    elif args.fallback_model:
         fallback = Prefill(args.fallback_model, dtype=args.dtype, max_request_tokens=args.max_request_tokens,
                            facts=args.facts == "on").engine
-    return Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
-                   system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words,
-                   scoring=_scoring(args.scoring),
-                   max_request_tokens=args.max_request_tokens,
-                   calibration=None if args.calibration == "none" else args.calibration,
-                   facts=args.facts == "on", readout=args.readout, fallback_below=args.fallback_below,
-                   fallback=fallback)
+    readouts = readout_options(args.readout)
+    if len(readouts) > 1 and args.command != "serve":
+        _usage_error(f"prefill {args.command} takes one --readout (prefill serve takes several)")
+    # Elsewhere than serve, and for a LoRA readout (which changes the weights), the readout is the engine.
+    first = readouts[0] if readouts and (args.command != "serve" or _has_adapter(readouts[0][1])) else None
+    pf = Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
+                 system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words,
+                 scoring=_scoring(args.scoring),
+                 max_request_tokens=args.max_request_tokens,
+                 calibration=None if args.calibration == "none" else args.calibration,
+                 facts=args.facts == "on", readout=first[1] if first else None,
+                 fallback_below=args.fallback_below, fallback=fallback)
+    if first and first[0]:
+        pf.engine.served_as = first[0]
+        pf.engines = {pf.engine.name: pf.engine}
+    return pf
+
+
+def _usage_error(message: str) -> None:
+    print(f"prefill: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def readout_options(values: list[str]) -> list[tuple[str | None, str]]:
+    """--readout [NAME=]DIR values as (name or None, path)."""
+    out = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        out.append((name, path) if sep and name and not Path(value).exists() else (None, value))
+    return out
+
+
+def _has_adapter(path: str) -> bool:
+    from .readout import Readouts
+    try:
+        return Readouts.load(path).adapter is not None
+    except (OSError, ValueError):
+        return False  # reported when it is loaded for real
+
+
+def _engines(args):
+    """What `prefill serve` serves: the plain base model under its own name and every --readout beside it,
+    all on one copy of the weights and one state cache; the jev-* aliases point to --default-model (default:
+    the first readout). A readout trained with a LoRA changes the weights: it is served alone."""
+    from .server import Served
+    readouts = readout_options(args.readout)
+    if len(readouts) > 1 and any(_has_adapter(path) for _, path in readouts):
+        raise ValueError("a readout trained with a LoRA adapter changes the base model's weights, so it cannot "
+                         "share them with other readouts: serve it alone, one process per LoRA readout")
+    pf = _prefill(args)
+    if pf.engine.readouts is None:
+        for name, path in readouts:
+            pf.add_readout(path, name)
+    default = args.default_model or (list(pf.engines)[1] if len(pf.engines) > 1 else pf.engine.name)
+    return Served.of(pf.engines, default)
 
 
 def _scoring(values: list[str]) -> dict[str, str] | None:
@@ -229,17 +298,14 @@ def _train(args) -> int:
     teacher = {}
     for path in args.teacher:
         teacher.update(training.read_records(path))
-    depth = pf.backend.depth
-    early = depth // 3 if args.early_layer is None else args.early_layer
-    layers = [early, depth] if early else [depth]
+    layers = training.default_layers(pf.backend.depth, len({it.family for it in items}), args.early_layer)
+    early = layers[0] if len(layers) > 1 else 0
     if args.kind == "lora":
         return _train_lora(args, pf, items, teacher, early, excluded)
     examples = training.extract(pf.backend, items, layers, teacher)
-    train_ids, val_ids = training.split_items(len(items), 0.2)
     final, early_head, report = training.fit_readouts(
-        [e for e in examples if e.item in train_ids], [e for e in examples if e.item in val_ids], layers,
-        kind=args.kind, model=pf.name, fingerprint=pf.backend.fingerprint, rl_weight=args.rl_weight,
-        label_weight=args.label_weight if teacher else 1.0)
+        examples, layers, kind=args.kind, model=pf.name, fingerprint=pf.backend.fingerprint,
+        rl_weight=args.rl_weight, label_weight=args.label_weight if teacher else 1.0, progress=True)
     out = Path(args.out)
     final.save(out / "final.json")
     if early_head is not None:
@@ -303,14 +369,34 @@ def _serve(args) -> int:
     from .loading import ModelNotFound, resolve
     from .server import create_app
     try:
-        resolve(args.model)  # a wrong path or a missing default model fails now, not in the background
-    except ModelNotFound as e:
+        base = resolve(args.model).name  # a wrong path or a missing default model fails now, not in the background
+        _check_serve(args, base)
+    except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
-    app = create_app(lambda: _prefill(args).engine, api_keys=keys)
+    app = create_app(lambda: _engines(args), api_keys=keys)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _check_serve(args, base: str) -> None:
+    """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
+    readouts = readout_options(args.readout)
+    for _, path in readouts:
+        if not Path(path).exists():
+            raise ValueError(f"--readout {path}: no such file or folder")
+    if len(readouts) > 1 and any(_has_adapter(path) for _, path in readouts):
+        raise ValueError("a readout trained with a LoRA adapter changes the base model's weights, so it cannot "
+                         "share them with other readouts: serve it alone, one process per LoRA readout")
+    names = [base] + [name or f"{base}+{Path(path).stem if Path(path).is_file() else Path(path).name}"
+                      for name, path in readouts]
+    if len(set(names)) < len(names):
+        raise ValueError(f"two served models would have the same name ({names}); name them: --readout NAME=DIR")
+    if args.default_model and args.default_model not in names:
+        raise ValueError(f"--default-model {args.default_model!r} is not served; served: {names}")
+    if args.fallback_url and args.fallback_kind == "openai" and not args.fallback_model:
+        raise ValueError("--fallback-kind openai needs --fallback-model, the model name the chat server serves")
 
 
 def _read(value: str, as_json: bool) -> object:

@@ -9,8 +9,10 @@ answers them exactly when it can tell what to compare; only the rest reach the m
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,17 @@ from .scoring import PriorCache, Scoring, corrected
 from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
 DEFAULT_MAX_REQUEST_TOKENS = 262_144
+log = logging.getLogger("prefill.engine")
+_BACKEND_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def backend_lock(backend: Backend) -> threading.Lock:
+    """One lock per backend, shared by every engine on it (several readouts served on one copy of the
+    weights): a backend runs one forward at a time and its state cache is not thread-safe."""
+    try:
+        return _BACKEND_LOCKS.setdefault(backend, threading.Lock())
+    except TypeError:  # an unhashable or non-weakref-able backend (test doubles): its own lock
+        return threading.Lock()
 
 
 class RequestTooLarge(ValueError):
@@ -54,23 +67,29 @@ class Engine:
     # is the base model's, is not applied to them.
     readouts: Readouts | None = None
     # Questions whose confidence (p_max - 1/n)/(1 - 1/n), comparable across option counts, is under
-    # `fallback_below` are re-asked to `fallback` (a stronger engine) if there is one, else reported.
+    # `fallback_below` are re-asked to `fallback` if there is one (a stronger engine, or a remote server:
+    # fallback.py), else reported. What the fallback cannot answer keeps its local answer and is reported.
     fallback_below: float | None = None
-    fallback: Engine | None = None
+    fallback: Any = None
+    # The served model name, when it is not the base model's (+ the readout's): `prefill serve --readout NAME=DIR`.
+    served_as: str | None = None
     # How the training-free path turns token log-probabilities into answer scores, per question type
     # (scoring.py: readout and correction; the default was chosen on real labelled text).
     scoring: Mapping[str, Scoring] = field(default_factory=lambda: dict(DEFAULT_SCORING))
     _priors: PriorCache = field(default_factory=PriorCache, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _lock: threading.Lock = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._lock = backend_lock(self.backend)
         # A readout trained with a LoRA reads the adapted model: merge it wherever a readout meets its backend.
         if self.readouts is not None and self.readouts.adapter is not None:
             self.backend.merge_adapter(self.readouts.adapter)
 
     @property
     def name(self) -> str:
-        """The served model name: the base model's, plus the readout's when one is loaded."""
+        """The served model name: the base model's, plus the readout's when one is loaded (or `served_as`)."""
+        if self.served_as:
+            return self.served_as
         return self.backend.name + (f"+{self.readouts.name}" if self.readouts else "")
 
     @property
@@ -93,10 +112,15 @@ class Engine:
         if self.fallback_below is not None:
             low = [qid for qid, p in probs.items() if choice_confidence(p) < self.fallback_below]
         if low and self.fallback is not None:
-            more, extra_tokens, _ = self.fallback.probabilities(state, {q: questions[q] for q in low}, reference_date)
+            try:
+                more, extra_tokens, _ = self.fallback.probabilities(state, {q: questions[q] for q in low},
+                                                                    reference_date)
+            except Exception as e:  # noqa: BLE001 — a fallback never fails the request: local answers stay
+                log.warning("fallback failed, keeping the local answers: %s: %s", type(e).__name__, e)
+                more, extra_tokens = {}, 0
             probs.update(more)
             n_tokens += extra_tokens
-            low, escalated = [], low
+            low, escalated = [q for q in low if q not in more], [q for q in low if q in more]
         answers = {qid: self._answer(q, probs[qid]) for qid, q in questions.items()}
         return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated, early)
 

@@ -5,6 +5,7 @@ isolation and every invariance of the training-free path hold for them too:
 
 - linear:  s_o = w · norm(h_o)                           (h_o: the hidden state at answer o's end token)
 - pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts)
+- mlp:     s_o = w₂ · gelu(W₁ norm(h_o) + b₁)             (a small MLP, r hidden units; README "Trained on one task")
 
 plus, when the head reads the last layer, α_type · loglik_o, the training-free score, with α starting at 1
 and the head at 0: an untrained readout answers exactly like the plain engine, and training only moves it
@@ -29,11 +30,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 TYPES = ("noul", "choice", "score")
+KINDS = ("linear", "pointer", "mlp")
 
 
 @dataclass
 class ReadoutConfig:
-    kind: str                  # linear | pointer
+    kind: str                  # linear | pointer | mlp
     layer: int                 # the decoder layer it reads (1-based; the last layer = the model's depth)
     hidden: int
     use_base: bool             # adds α · log-likelihood (only possible on the last layer)
@@ -48,12 +50,16 @@ class ReadoutConfig:
 class Readout(nn.Module):
     def __init__(self, cfg: ReadoutConfig):
         super().__init__()
-        if cfg.kind not in ("linear", "pointer"):
-            raise ValueError(f"readout kind must be linear or pointer, not {cfg.kind!r}")
+        if cfg.kind not in KINDS:
+            raise ValueError(f"readout kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
         self.cfg = cfg
         self.norm = nn.LayerNorm(cfg.hidden, elementwise_affine=False)
         if cfg.kind == "linear":
             self.w = nn.Parameter(torch.zeros(cfg.hidden))
+        elif cfg.kind == "mlp":  # w2 starts at 0: an untrained head still answers like the plain engine
+            self.w1 = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden))
+            self.b1 = nn.Parameter(torch.zeros(cfg.rank))
+            self.w2 = nn.Parameter(torch.zeros(cfg.rank))
         else:
             self.q = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
             self.k = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
@@ -70,6 +76,8 @@ class Readout(nn.Module):
         h = self.norm(options)
         if self.cfg.kind == "linear":
             s = h @ self.w
+        elif self.cfg.kind == "mlp":
+            s = torch.nn.functional.gelu(h @ self.w1.T + self.b1) @ self.w2
         else:
             s = torch.einsum("br,bnr->bn", self.norm(decision) @ self.q.T, h @ self.k.T) / math.sqrt(self.cfg.rank)
         if self.cfg.use_base:

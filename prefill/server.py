@@ -12,7 +12,8 @@ import json
 import logging
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,14 +39,45 @@ def _error(status: int, error_type: str, message: str, headers: dict[str, str] |
     return JSONResponse({"detail": {"error_type": error_type, "message": message}}, status, headers=headers)
 
 
+@dataclass
+class Served:
+    """What one process serves: engines by model name (the base model and each trained readout, all on
+    one backend when they share a base), and the one the `jev-*` aliases point to."""
+    engines: dict[str, Engine]
+    default: str
+
+    @classmethod
+    def of(cls, engines: Engine | Mapping[str, Engine] | Served, default: str | None = None) -> Served:
+        if isinstance(engines, Served):
+            return engines
+        if isinstance(engines, Engine):
+            engines = {engines.name: engines}
+        engines = dict(engines)
+        if not engines:
+            raise ValueError("nothing to serve")
+        default = default or next(iter(engines))
+        if default not in engines:
+            raise ValueError(f"--default-model {default!r} is not served; served: {sorted(engines)}")
+        return cls(engines, default)
+
+    def names(self) -> list[str]:
+        return [*self.engines, *ALIASES]
+
+    def engine(self, name: str) -> Engine:
+        e = self.engines.get(self.default if name in ALIASES else name)
+        if e is None:
+            raise ApiError(404, "not_found_error", f"model {name!r} is not served here; use one of {self.names()}")
+        return e
+
+
 class _Slot:
-    """The engine, once loaded, or why it is not there."""
+    """The engines, once loaded, or why they are not there."""
 
     def __init__(self):
-        self.engine: Engine | None = None
+        self.engine: Served | None = None
         self.failure: str | None = None
 
-    def get(self) -> Engine:
+    def get(self) -> Served:
         if self.engine is not None:
             return self.engine
         if self.failure is not None:
@@ -53,19 +85,20 @@ class _Slot:
         raise ApiError(503, "loading", "the model is still loading; retry shortly", {"Retry-After": "2"})
 
 
-def create_app(engine: Engine | Callable[[], Engine], *, api_keys: Sequence[str] = (),
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """An app serving `engine`, or the engine a loader returns (run in a background thread)."""
+def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Engine | Mapping[str, Engine] | Served],
+               *, api_keys: Sequence[str] = (), max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """An app serving `engine` (or several, by model name: `Served`), or what a loader returns (run in a
+    background thread)."""
     slot = _Slot()
     keys = [k.encode() for k in api_keys if k]
     app = FastAPI(title="prefill", description="TypeSafe System One API, answered in one prefill pass.")
 
-    if isinstance(engine, Engine):
-        slot.engine = engine
+    if not callable(engine):
+        slot.engine = Served.of(engine)
     else:
         def load() -> None:
             try:
-                slot.engine = engine()
+                slot.engine = Served.of(engine())
             except Exception as e:  # noqa: BLE001 — reported on /health and to every request
                 log.exception("model load failed")
                 slot.failure = f"{type(e).__name__}: {e}"
@@ -86,28 +119,23 @@ def create_app(engine: Engine | Callable[[], Engine], *, api_keys: Sequence[str]
         if not ok:
             raise ApiError(401, "authentication_error", "the API key is not valid", {"WWW-Authenticate": "Bearer"})
 
-    def served_names(e: Engine) -> tuple[str, ...]:
-        return (e.name, *ALIASES)
-
     @app.get("/health")
     def health():
         if slot.engine is not None:
-            return {"status": "ok", "model": slot.engine.name}
+            return {"status": "ok", "model": slot.engine.default, "models": list(slot.engine.engines)}
         status = "failed" if slot.failure else "loading"
         return JSONResponse({"status": status, "error": slot.failure}, 503, headers={"Retry-After": "2"})
 
     @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
     def models():
-        e = slot.get()
-        return ModelList(models=[ModelInfo(name=n, description=e.description if n == e.name else f"alias of {e.name}",
-                                           release_date=e.backend.release_date) for n in served_names(e)])
+        served = slot.get()
+        return ModelList(models=[ModelInfo(name=n, release_date=served.engine(n).backend.release_date,
+                                           description=served.engines[n].description if n in served.engines
+                                           else f"alias of {served.default}") for n in served.names()])
 
     @app.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
     def systemone(req: SystemOneRequest):
-        e = slot.get()
-        if req.model not in served_names(e):
-            raise ApiError(404, "not_found_error",
-                           f"model {req.model!r} is not served here; use one of {list(served_names(e))}")
+        e = slot.get().engine(req.model)
         try:
             d = e.decide(req.state, req.questions, req.x_reference_date)
         except RequestTooLarge as err:

@@ -3,6 +3,8 @@ the packed path holds on the trained path too, early exit runs fewer layers, fil
 and training moves the head towards its targets."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -147,8 +149,30 @@ def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
     val = [e for e in examples if e.item in val_ids]
     before = [max(range(len(p)), key=p.__getitem__) == e.gold
               for p, e in zip(training.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)]
-    final, early, report = training.fit_readouts(train, val, [1, 2], kind="linear", model="tiny", fingerprint="",
+    final, early, report = training.fit_readouts(train, [1, 2], kind="linear", model="tiny", fingerprint="",
                                                  rl_weight=rl_weight, label_weight=1.0)
     after = [max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(training.predict(final, val, 1), val)]
     assert sum(after) == len(val) and sum(after) > sum(before)
     assert early is not None and early.cfg.exit_threshold is not None and "exit_fraction" in report["early"]
+    # one family (a user's own task): the model selection holds items out, so it has a real validation loss
+    # and the weight decay is the one with the lowest
+    chosen = report["final"]
+    assert chosen["held_out"] == "5-fold over items" and math.isfinite(chosen["held_out_log_loss"])
+    assert all(math.isfinite(r["held_out_log_loss"]) for r in chosen["grid"])
+    assert chosen["held_out_log_loss"] == min(r["held_out_log_loss"] for r in chosen["grid"])
+
+
+def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, tokenizer):
+    """The single-task path (`prefill train` on a user's own labels, no family field): out-of-fold
+    predictions for every item choose the weight decay and fit the temperatures (seen broken: NaN
+    validation loss, temperatures left at 1, every epoch run)."""
+    backend = make_backend(tiny_model, tokenizer)
+    items = [Item(("I am furious, this is unacceptable! " if i % 2 else "Thanks, all good. ") + f"Order {i}.",
+                  {"a": Noul("Is the customer angry?")}, {"a": i % 2 == 1}) for i in range(30)]
+    examples = training.extract(backend, items, [2])
+    final, early, report = training.fit_readouts(examples, [2], kind="linear", model="tiny", fingerprint="",
+                                                 rl_weight=0.0, label_weight=1.0)
+    chosen = report["final"]
+    assert early is None and chosen["held_out"] == "5-fold over items"
+    assert math.isfinite(chosen["held_out_log_loss"]) and chosen["temperatures"]["noul"] != 1.0
+    assert float(final.temperature[0]) == chosen["temperatures"]["noul"]

@@ -61,7 +61,7 @@ def test_models_and_health(client):
     models = client.get("/v1/models").json()["models"]
     assert [m["name"] for m in models] == ["tiny", "jev-latest", "jev-preview"]
     assert all(m["release_date"] == "2026-11-29" for m in models)
-    assert client.get("/health").json() == {"status": "ok", "model": "tiny"}
+    assert client.get("/health").json() == {"status": "ok", "model": "tiny", "models": ["tiny"]}
 
 
 @pytest.mark.parametrize("bad", [

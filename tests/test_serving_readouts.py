@@ -1,0 +1,299 @@
+"""Readouts in production: several readouts and the base served by one process on one copy of the weights,
+and fallbacks that speak over HTTP (another System One server; an OpenAI-compatible chat server)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+
+from prefill.api import Prefill
+from prefill.engine import Engine, choice_confidence
+from prefill.fallback import UNSCORED_MASS, ChatFallback, SystemOneFallback, answer_probability, parse_answer
+from prefill.readout import Readouts
+from prefill.server import Served, create_app
+
+from .conftest import RAW, make_backend, make_model
+from .test_exactness import QUESTIONS, STATE, TOL
+from .test_readout import head
+
+WIRE = {k: q.model_dump(mode="json", exclude_none=True) for k, q in QUESTIONS.items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    return make_model("llama", len(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """Two trained readouts saved as prefill train saves them: a linear head with an early-exit head, and
+    a pointer head."""
+    d = tmp_path_factory.mktemp("heads")
+    one = head("linear", seed=1)
+    early = head("linear", layer=1, use_base=False, seed=2)
+    early.cfg.exit_threshold = 0.3
+    one.save(d / "one" / "final.json")
+    early.save(d / "one" / "early.json")
+    head("pointer", seed=3).save(d / "two" / "final.json")
+    return d
+
+
+def wire(client: TestClient, model: str, questions=None) -> dict:
+    r = client.post("/v1/systemone", json={"model": model, "state": STATE, "questions": questions or WIRE})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def probabilities(answers: dict) -> dict:
+    """Wire answers (or Answer objects) as {id: the probabilities they give}."""
+    out = {}
+    for k, a in answers.items():
+        a = a if isinstance(a, dict) else a.model_dump(mode="json")
+        out[k] = [a["noul"], 1 - a["noul"]] if a["type"] == "noul" else list(a["probabilities"].values())
+    return out
+
+
+def delta(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(abs(x - y) for k in a for x, y in zip(a[k], b[k], strict=True))
+
+
+def test_readouts_and_the_base_share_one_copy_of_the_weights(tiny_model, tokenizer, heads):
+    pf = Prefill.from_backend(make_backend(tiny_model, tokenizer), use_facts=False, scoring=RAW)
+    pf.add_readout(heads / "one", "router")
+    pf.add_readout(heads / "two", "tone")
+    assert list(pf.engines) == ["tiny", "router", "tone"]
+    backends = {id(e.backend) for e in pf.engines.values()}
+    params = {tuple(p.data_ptr() for p in e.backend.model.parameters()) for e in pf.engines.values()}
+    assert len(backends) == 1 and len(params) == 1  # one model, one state cache
+    client = TestClient(create_app(Served.of(pf.engines, default="router")))
+    listed = [m["name"] for m in client.get("/v1/models").json()["models"]]
+    assert listed == ["tiny", "router", "tone", "jev-latest", "jev-preview"]
+
+    def alone(path=None) -> Engine:  # its own copy of the weights, its own state cache
+        backend = make_backend(copy.deepcopy(tiny_model), tokenizer)
+        return Engine(backend, use_facts=False, scoring=RAW, readouts=Readouts.load(path) if path else None)
+
+    expected = {"tiny": alone(), "router": alone(heads / "one"), "tone": alone(heads / "two")}
+    # interleaved, so each engine meets states the others cached
+    for name in ["router", "tiny", "tone", "router", "tone", "tiny"]:
+        got = wire(client, name)
+        assert got["model"] == name
+        assert delta(probabilities(got["answers"]), probabilities(expected[name].ask(STATE, QUESTIONS)[0])) <= TOL
+    assert wire(client, "jev-latest")["model"] == "router"
+    assert delta(probabilities(wire(client, "router")["answers"]),
+                     probabilities(wire(client, "tone")["answers"])) > 1e-3  # the heads really differ
+    r = client.post("/v1/systemone", json={"model": "nope", "state": STATE, "questions": WIRE})
+    assert r.status_code == 404 and r.json()["detail"]["error_type"] == "not_found_error"
+
+
+def test_a_lora_readout_cannot_share_the_base(tiny_model, tokenizer, heads, tmp_path):
+    lora = head("linear", seed=4)
+    lora.cfg.adapter = "lora"
+    lora.save(tmp_path / "final.json")
+    (tmp_path / "lora").mkdir()
+    (tmp_path / "lora" / "adapter_config.json").write_text("{}")
+    pf = Prefill.from_backend(make_backend(tiny_model, tokenizer), use_facts=False)
+    with pytest.raises(ValueError, match="LoRA adapter changes the base model's weights"):
+        pf.add_readout(tmp_path)
+    with pytest.raises(ValueError, match="named"):  # two readouts that would be served under one name
+        pf.add_readout(heads / "one", "x")
+        pf.add_readout(heads / "two", "x")
+
+
+def test_serve_refuses_a_lora_among_readouts_at_start_up(tmp_path, tokenizer, heads):
+    model_dir = tmp_path / "model"
+    make_model("llama", len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    lora = head("linear", seed=4)
+    lora.cfg.adapter = "lora"
+    lora.save(tmp_path / "lora-head" / "final.json")
+    (tmp_path / "lora-head" / "lora").mkdir()
+    (tmp_path / "lora-head" / "lora" / "adapter_config.json").write_text("{}")
+    run = subprocess.run([sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--readout",
+                          f"a={tmp_path / 'lora-head'}", "--readout", f"b={heads / 'one'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "LoRA" in run.stderr and "Traceback" not in run.stderr
+
+
+# ---------------------------------------------------------------- fallbacks over HTTP
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(app):
+    """`app` on a real loopback port, in a thread."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], port: int, ready: str, env: dict | None = None, within: float = 180):
+    """A server process on `port`, once GET `ready` answers 200; its output goes to a file, shown if it
+    does not come up."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + within
+            while True:
+                try:
+                    if httpx.get(url + ready, timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out.seek(0)
+                    raise AssertionError(f"{cmd[0]} did not come up:\n{out.read()[-3000:]}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+@contextlib.contextmanager
+def silent_server():
+    """Accepts connections and never answers: a fallback that hangs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+def test_unsure_questions_go_to_a_second_prefill_server(tiny_model, tokenizer):
+    strong = Engine(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False,
+                    readouts=Readouts(head("linear", seed=1)), served_as="strong")
+    local = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    mine, _ = local.ask(STATE, QUESTIONS)
+    confidence = {k: choice_confidence(p) for k, p in probabilities(mine).items()}
+    threshold = sorted(confidence.values())[len(confidence) // 2]  # about half are unsure
+    unsure = sorted(k for k, c in confidence.items() if c < threshold)
+    assert 0 < len(unsure) < len(QUESTIONS)
+    with serving(create_app(strong)) as url:
+        asking = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=threshold,
+                        fallback=SystemOneFallback(url, model="strong"))
+        client = TestClient(create_app(asking))
+        got = wire(client, "tiny")
+    assert sorted(got["x_escalated"]) == unsure and "x_low_confidence" not in got
+    theirs, _ = strong.ask(STATE, {k: QUESTIONS[k] for k in unsure})
+    answers = probabilities(got["answers"])
+    assert delta({k: answers[k] for k in unsure}, probabilities(theirs)) <= 1e-6
+    sure = [k for k in QUESTIONS if k not in unsure]  # the rest untouched
+    assert delta({k: answers[k] for k in sure}, probabilities({k: mine[k] for k in sure})) <= 1e-6
+
+
+@pytest.mark.parametrize("where", ["down", "slow", "unknown model"])
+def test_a_failing_fallback_keeps_the_local_answers(tiny_model, tokenizer, where):
+    local = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
+    mine = probabilities(local.ask(STATE, QUESTIONS)[0])
+    with contextlib.ExitStack() as stack:
+        if where == "down":
+            url, model = f"http://127.0.0.1:{free_port()}", None
+        elif where == "slow":
+            url, model = stack.enter_context(silent_server()), None
+        else:  # a server that answers 404
+            url, model = stack.enter_context(serving(create_app(local))), "no-such-model"
+        asking = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01,
+                        fallback=SystemOneFallback(url, model=model, timeout=0.5))
+        started = time.monotonic()
+        got = wire(TestClient(create_app(asking)), "tiny")
+        assert time.monotonic() - started < 10
+    assert sorted(got["x_low_confidence"]) == sorted(QUESTIONS) and "x_escalated" not in got
+    assert delta(probabilities(got["answers"]), mine) <= 1e-6
+
+
+def test_chat_replies_are_read_as_declared_answers():
+    answers = ["Billing", "Technical", "Bill"]
+    assert parse_answer('{"answer": "Technical"}', answers) == 1
+    assert parse_answer("  billing.", answers) == 0
+    assert parse_answer("- Billing: payments, invoices", answers) == 0  # the longest answer that starts it
+    assert parse_answer("Technical support", answers) == 1
+    assert parse_answer("I think it is Billing", answers) is None
+    assert parse_answer("Yes", ["Yes", "No"]) == 0 and parse_answer("no", ["Yes", "No"]) == 1
+    logprobs = {"content": [{"token": '{"', "logprob": 0.0}, {"token": "answer", "logprob": 0.0},
+                            {"token": '": "', "logprob": 0.0}, {"token": "Bill", "logprob": -0.1},
+                            {"token": "ing", "logprob": -0.2}, {"token": '"}', "logprob": 0.0}]}
+    text = '{"answer": "Billing"}'
+    assert abs(answer_probability(logprobs, text, "Billing") - torch.exp(torch.tensor(-0.3)).item()) < 1e-6
+    assert answer_probability(None, text, "Billing") is None
+
+
+@pytest.fixture(scope="module")
+def chat_server():
+    """transformers' own OpenAI-compatible server (`transformers serve`, installed with prefill's pins)
+    on SmolLM2-135M-Instruct, converted from the wheel's GGUF as prefill loads it."""
+    from prefill import loading
+    model_dir = str(loading._converted_gguf(loading.embedded_gguf(loading.SMOLLM2)))
+    port = free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "transformers")
+    with started([exe, "serve", "--port", str(port), "--device", "cpu", model_dir], port, "/v1/models",
+                 {**os.environ, "HF_HUB_OFFLINE": "1"}) as url:
+        yield url, model_dir
+
+
+def test_an_openai_compatible_server_answers_the_unsure_questions(tiny_model, tokenizer, chat_server):
+    url, model = chat_server
+    state = "I was charged twice for my March invoice and I want my money back."
+    questions = {k: QUESTIONS[k] for k in ("refund", "team", "anger")}
+    chat = ChatFallback(url, model=model, timeout=60)
+    local = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01, fallback=chat)
+    d = local.decide(state, questions)
+    assert sorted(d.escalated + d.low_confidence) == sorted(questions)
+    assert d.escalated, "SmolLM2 answered none of the questions with a declared answer"
+    for qid in d.escalated:  # transformers serve returns no logprobs: the documented smoothing
+        a = d.answers[qid]
+        p = [a.noul, 1 - a.noul] if a.type == "noul" else list(a.probabilities.values())
+        assert abs(max(p) - (1 - UNSCORED_MASS)) < 1e-9 and abs(sum(p) - 1) < 1e-9
+    assert chat.schema_ok is True  # the server ignores response_format rather than refusing it
+
+
+def test_prefill_serve_serves_named_readouts_beside_the_base(tmp_path, tokenizer):
+    """The CLI path: `prefill serve --readout NAME=DIR ...` on a local model directory."""
+    from prefill import loading
+    model_dir = tmp_path / "model"
+    make_model("llama", len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    fingerprint = loading.fingerprint(loading.resolve(str(model_dir)))
+    for name, seed in (("one", 1), ("two", 2)):
+        h = head("linear", seed=seed)
+        h.cfg.fingerprint = fingerprint
+        h.save(tmp_path / name / "final.json")
+    port = free_port()
+    cmd = [sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--port", str(port), "--readout",
+           f"router={tmp_path / 'one'}", "--readout", f"tone={tmp_path / 'two'}", "--default-model", "tone"]
+    with started(cmd, port, "/health") as url:
+        names = [m["name"] for m in httpx.get(url + "/v1/models").json()["models"]]
+        base = names[0]
+        assert names == [base, "router", "tone", "jev-latest", "jev-preview"]
+        body = {"model": "jev-latest", "state": STATE, "questions": WIRE}
+        assert httpx.post(url + "/v1/systemone", json=body, timeout=60).json()["model"] == "tone"
+        assert httpx.post(url + "/v1/systemone", json=body | {"model": "other"}, timeout=60).status_code == 404
