@@ -171,7 +171,7 @@ def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], s
         preds = [(p, g) for p, t, g in out_of_family if t == qtype]
         if len(preds) >= 20:
             head.temperature[i] = fit_temperature(preds)
-    return dict(zip(TYPES, head.temperature.tolist()))
+    return {t: round(x, 4) for t, x in zip(TYPES, head.temperature.tolist())}
 
 
 def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float = 0.0,

@@ -175,4 +175,4 @@ def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, token
     chosen = report["final"]
     assert early is None and chosen["held_out"] == "5-fold over items"
     assert math.isfinite(chosen["held_out_log_loss"]) and chosen["temperatures"]["noul"] != 1.0
-    assert float(final.temperature[0]) == chosen["temperatures"]["noul"]
+    assert abs(float(final.temperature[0]) - chosen["temperatures"]["noul"]) < 1e-4  # the head applies it
