@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -361,20 +362,23 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"model": pf.name, "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": quick}
+    counts = [1, 3] if quick else [int(n) for n in args.question_counts.split(",")]
+    steps = {  # section: (report key, measurement), run in this order
+        "semif": ("semif", lambda url: semif(pf, repeats, n_q, url)),
+        "overhead": ("overhead", lambda url: overhead(pf, repeats, n_q)),
+        "questions": ("scale_questions", lambda url: scale_questions(pf, counts, repeats)),
+        "state": ("scale_state", lambda url: scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)),
+        "options": ("scale_options", lambda url: scale_options(pf, [2, 4] if quick else [2, 16, 64, 255], repeats)),
+        "http": ("http", lambda url: http_load(url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)),
+    }
+    chosen = [name for name in SECTIONS if name in sections]
     with LocalServer(pf) as server:
-        if "semif" in sections:
-            report["semif"] = semif(pf, repeats, n_q, server.url)
-        if "overhead" in sections:
-            report["overhead"] = overhead(pf, repeats, n_q)
-        if "questions" in sections:
-            counts = [1, 3] if quick else [int(n) for n in args.question_counts.split(",")]
-            report["scale_questions"] = scale_questions(pf, counts, repeats)
-        if "state" in sections:
-            report["scale_state"] = scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)
-        if "options" in sections:
-            report["scale_options"] = scale_options(pf, [2, 4] if quick else [2, 16, 64, 255], repeats)
-        if "http" in sections:
-            report["http"] = http_load(server.url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)
+        for i, name in enumerate(chosen, 1):
+            print(f"prefill bench: {name} ({i}/{len(chosen)}) ...", file=sys.stderr, flush=True)
+            key, measure = steps[name]
+            started = time.perf_counter()
+            report[key] = measure(server.url)
+            print(f"prefill bench: {name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     if "scale_questions" in report:
         plot(report["scale_questions"], out / "latency_vs_questions.png", pf.name)
     (out / "bench.json").write_text(json.dumps(report, indent=2))

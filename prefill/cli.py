@@ -354,7 +354,8 @@ def _record(args) -> int:
     pf = _prefill(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
-        for item in evaluate.load_jsonl(args.data):
+        from tqdm import tqdm
+        for item in tqdm(evaluate.load_jsonl(args.data), desc="recording", unit="item", file=sys.stderr):
             answers, usage = pf.engine.ask(item.state, item.questions, item.reference_date)
             request = {"model": pf.name, "state": item.state,
                        "questions": {k: q.model_dump(mode="json", exclude_none=True) for k, q in item.questions.items()}}

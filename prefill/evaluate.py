@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import random
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 from pydantic import TypeAdapter
+from tqdm import tqdm
 
 from . import metrics
 from .calibration import Calibration
@@ -105,9 +107,9 @@ class Scored:
     item: int
 
 
-def predict(engine: Engine, items: Sequence[Item]) -> list[Scored]:
+def predict(engine: Engine, items: Sequence[Item], progress: str = "answering") -> list[Scored]:
     out = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(tqdm(items, desc=progress, unit="item", file=sys.stderr)):
         answers, _ = engine.ask(item.state, item.questions, item.reference_date)
         for qid, q in item.questions.items():
             out.append(Scored(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
@@ -157,7 +159,7 @@ def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int
     tok = r.tokenizer
     hits: dict[str, list[bool]] = defaultdict(list)
     parsed: dict[str, list[bool]] = defaultdict(list)
-    for item in items:
+    for item in tqdm(items, desc="generating (baseline)", unit="item", file=sys.stderr):
         state = r.state(item.state)
         for qid, q in item.questions.items():
             ids = torch.tensor([state + list(r.question(q).prompt)])
