@@ -24,6 +24,7 @@ DIR/features-TASK.pt, so a rerun with other sizes or head variants costs seconds
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -165,11 +166,14 @@ def served_mix(final, early, test: list, final_index: int, early_index: int) -> 
     return [s if x else d for s, d, x in zip(shallow, deep, exits)], sum(exits) / len(exits)
 
 
+def at_layers(examples: list, indices: list[int]) -> list:
+    """The examples with only the cached layers at `indices` (in that order)."""
+    return [dataclasses.replace(e, decision=e.decision[indices], options=e.options[:, indices]) for e in examples]
+
+
 def variant_examples(examples: list, how: str, layers: list[int], base: list[list[float]] | None = None) -> list:
     """The cached features rearranged for a head variant: "concat" puts the 2/3-depth and last layers side
     by side as one wider layer; "pmi" swaps the head's base term for the engine's corrected scores."""
-    import dataclasses
-
     import torch
     out = []
     for k, e in enumerate(examples):
@@ -189,8 +193,6 @@ VARIANTS = {  # name: (head kind, features), each a final head alone
 
 
 def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
-    import dataclasses
-
     from prefill import training
     from prefill.readout import ReadoutConfig
     chosen = draw(data, n, seed)
@@ -201,11 +203,9 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
     # final head reads the last, the early-exit head, if the defaults want one, the first)
     default = training.default_layers(layers[-1], 1)
     indices = [layers.index(layer) for layer in default]
-    picked = [dataclasses.replace(e, decision=e.decision[indices], options=e.options[:, indices]) for e in train]
-    final, early, report = training.fit_readouts(picked, default, kind="linear", model="", fingerprint="",
+    final, early, report = training.fit_readouts(at_layers(train, indices), default, kind="linear", model="", fingerprint="",
                                                  rl_weight=0.0, label_weight=1.0, seed=seed)
-    shown = [dataclasses.replace(e, decision=e.decision[indices], options=e.options[:, indices]) for e in test]
-    mixed, exited = served_mix(final, early, shown, len(default) - 1, 0)
+    mixed, exited = served_mix(final, early, at_layers(test, indices), len(default) - 1, 0)
     row["trained"] = scored(mixed, golds) | {"exit_fraction": exited,
                                              "weight_decay": report["final"]["weight_decay"],
                                              "epochs": report["final"]["epochs"],
@@ -214,11 +214,9 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
         kind, how = VARIANTS[name]
         if how == "early":  # the final head and an early-exit head at a third of the depth, served mixed
             two = [layers[0], layers[-1]]
-            pick = lambda es: [dataclasses.replace(e, decision=e.decision[[0, 2]], options=e.options[:, [0, 2]])  # noqa: E731
-                               for e in es]
-            final2, early2, _ = training.fit_readouts(pick(train), two, kind=kind, model="", fingerprint="",
-                                                      rl_weight=0.0, label_weight=1.0, seed=seed)
-            mixed2, exited2 = served_mix(final2, early2, pick(test), 1, 0)
+            final2, early2, _ = training.fit_readouts(at_layers(train, [0, 2]), two, kind=kind, model="",
+                                                      fingerprint="", rl_weight=0.0, label_weight=1.0, seed=seed)
+            mixed2, exited2 = served_mix(final2, early2, at_layers(test, [0, 2]), 1, 0)
             row[name] = scored(mixed2, golds) | {"exit_fraction": exited2}
             continue
         base = [data["engine_scores"]["train"][i] for i in chosen]

@@ -25,6 +25,8 @@ from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring
 
 QuestionT = Noul | Choice | Score
+LORA_CANNOT_SHARE = ("a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
+                     "them with other readouts or the plain base: serve it alone, one process per LoRA readout")
 
 
 class Prefill:
@@ -67,9 +69,7 @@ class Prefill:
         (`Prefill(readout=...)`)."""
         heads = Readouts.load(path, self.backend.fingerprint)
         if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
-            raise ValueError(f"{path}: a readout trained with a LoRA adapter changes the base model's weights, so "
-                             "it cannot share them with other readouts or the plain base; serve it alone "
-                             "(prefill serve --readout DIR) in its own process")
+            raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")
         base = self.engine
         engine = Engine(self.backend, max_request_tokens=base.max_request_tokens, use_facts=base.use_facts,
                         readouts=heads, fallback_below=base.fallback_below, fallback=base.fallback,

@@ -204,13 +204,9 @@ def _engines(args):
     all on one copy of the weights and one state cache; the jev-* aliases point to --default-model (default:
     the first readout). A readout trained with a LoRA changes the weights: it is served alone."""
     from .server import Served
-    readouts = readout_options(args.readout)
-    if len(readouts) > 1 and any(_has_adapter(path) for _, path in readouts):
-        raise ValueError("a readout trained with a LoRA adapter changes the base model's weights, so it cannot "
-                         "share them with other readouts: serve it alone, one process per LoRA readout")
     pf = _prefill(args)
-    if pf.engine.readouts is None:
-        for name, path in readouts:
+    if pf.engine.readouts is None:  # (a LoRA readout among others was refused by _check_serve)
+        for name, path in readout_options(args.readout):
             pf.add_readout(path, name)
     default = args.default_model or (list(pf.engines)[1] if len(pf.engines) > 1 else pf.engine.name)
     return Served.of(pf.engines, default)
@@ -383,15 +379,15 @@ def _serve(args) -> int:
 
 def _check_serve(args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
+    from .api import LORA_CANNOT_SHARE
+    from .readout import Readouts
     readouts = readout_options(args.readout)
     for _, path in readouts:
         if not Path(path).exists():
             raise ValueError(f"--readout {path}: no such file or folder")
     if len(readouts) > 1 and any(_has_adapter(path) for _, path in readouts):
-        raise ValueError("a readout trained with a LoRA adapter changes the base model's weights, so it cannot "
-                         "share them with other readouts: serve it alone, one process per LoRA readout")
-    names = [base] + [name or f"{base}+{Path(path).stem if Path(path).is_file() else Path(path).name}"
-                      for name, path in readouts]
+        raise ValueError(LORA_CANNOT_SHARE)
+    names = [base] + [name or f"{base}+{Readouts.load(path).name}" for name, path in readouts]
     if len(set(names)) < len(names):
         raise ValueError(f"two served models would have the same name ({names}); name them: --readout NAME=DIR")
     if args.default_model and args.default_model not in names:

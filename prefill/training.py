@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .calibration import fit_temperature
+from .calibration import fit_temperature, rescale
 from .engine import choice_confidence as confidence
 from .evaluate import Item, answer_labels, gold_index, parse_questions
 from .readout import TYPES, Readout, ReadoutConfig
@@ -271,16 +271,8 @@ def fit_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_
                          weight_decay=chosen["weight_decay"], epochs=max(chosen["epochs"], 1), seed=seed)
     chosen["temperatures"] = fit_temperatures(head, [(p, e.qtype, e.gold) for p, e in out_of_fold])
     # the out-of-fold predictions under those temperatures (what exit thresholds are fitted on)
-    calibrated = [(rescaled(p, head, e.qtype), e) for p, e in out_of_fold]
+    calibrated = [(rescale(p, float(head.temperature[TYPES.index(e.qtype)])), e) for p, e in out_of_fold]
     return head, chosen, calibrated
-
-
-def rescaled(p: Sequence[float], head: Readout, qtype: str) -> list[float]:
-    t = float(head.temperature[TYPES.index(qtype)])
-    logits = [math.log(max(x, 1e-30)) / t for x in p]
-    top = max(logits)
-    z = sum(math.exp(x - top) for x in logits)
-    return [math.exp(x - top) / z for x in logits]
 
 
 def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list[float]]:
