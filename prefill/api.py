@@ -17,7 +17,7 @@ from typing import Any, overload
 from . import loading
 from .backends.causal_lm import CausalLMBackend
 from .calibration import Calibration, shipped
-from .engine import DEFAULT_MAX_REQUEST_TOKENS, Engine
+from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS, Engine
 from .readout import Readouts
 from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 from .schema import Answer, Choice, Noul, Score
@@ -36,6 +36,7 @@ class Prefill:
                  system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
                  score_words: str = DEFAULT_SCORE_WORDS, scoring: Mapping[str, str | Scoring] | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+                 max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS,
                  calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
                  fallback_below: float | None = None, fallback: Any = None):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
@@ -55,7 +56,8 @@ class Prefill:
                                        packing=packing, fingerprint=loading.fingerprint(source))
         ways = {**DEFAULT_SCORING, **{t: w if isinstance(w, Scoring) else Scoring.parse(w)
                                       for t, w in (scoring or {}).items()}}
-        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens, scoring=ways,
+        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
+                             max_sequence_tokens=max_sequence_tokens, scoring=ways,
                              calibration=find_calibration(calibration, self.backend.fingerprint,
                                                           setup(self.backend.renderer, ways)), use_facts=facts,
                              readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
@@ -71,7 +73,8 @@ class Prefill:
         if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
             raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")
         base = self.engine
-        engine = Engine(self.backend, max_request_tokens=base.max_request_tokens, use_facts=base.use_facts,
+        engine = Engine(self.backend, max_request_tokens=base.max_request_tokens,
+                        max_sequence_tokens=base.max_sequence_tokens, use_facts=base.use_facts,
                         readouts=heads, fallback_below=base.fallback_below, fallback=base.fallback,
                         served_as=name)
         if engine.name in self.engines:

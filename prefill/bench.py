@@ -264,7 +264,7 @@ class LocalServer:
     def __init__(self, pf: Prefill):
         import uvicorn
 
-        from .server import create_app
+        from .serving.app import create_app
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

@@ -1,4 +1,4 @@
-"""`prefill serve` and `prefill ask`."""
+"""The `prefill` command: serve, ask, batch, eval, calibrate, train, record, bench."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from .engine import DEFAULT_MAX_REQUEST_TOKENS
+from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS
+from .serving.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S
 from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 
 
@@ -35,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="how answers are read for a question type (noul, choice, score or all), e.g. "
                             "choice=first or all=whole+pmi; readouts whole|noend|mean|first, corrections "
                             "contextual|pmi|none (default: whole+pmi for every type; README 'Real text')")
-        p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS)
+        p.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
+                       help="the most tokens one request may use (default %(default)s)")
+        p.add_argument("--max-sequence-tokens", type=int, default=DEFAULT_MAX_SEQUENCE_TOKENS,
+                       help="the most tokens of the state plus its longest question and answer (default "
+                            "%(default)s; never more than the model's context)")
         p.add_argument("--calibration", default="auto",
                        help="auto (the temperatures fitted for this model, if any), a calibration file, or none")
         p.add_argument("--facts", default="on", choices=["on", "off"],
@@ -68,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--default-model", default=None,
                        help="the served model the jev-* aliases point to (default: the first --readout, else the base)")
+    serve.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                       help="requests that may be in at once, waiting or running; past it, 429 with Retry-After "
+                            "(default %(default)s: 4 per CPU core)")
+    serve.add_argument("--max-wait", type=float, default=DEFAULT_MAX_WAIT_S,
+                       help="seconds a request may wait in the queue before it is dropped with 503 + Retry-After "
+                            "(default %(default)s)")
+    serve.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                       help="waiting requests run together in shared passes, at most this many (default %(default)s)")
+    serve.add_argument("--batching", default="on", choices=["on", "off"],
+                       help="cross-request batching (default on; README 'Serving under load' has the measurement)")
 
     ask = sub.add_parser("ask", help="answer questions about a state, JSON out")
     model_options(ask)
@@ -76,6 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--usage", action="store_true", help="print the whole response, usage included")
     ask.add_argument("--reference-date", type=dt.date.fromisoformat, default=None,
                      help="today, for date questions (YYYY-MM-DD; default: the date the state gives, if any)")
+
+    bt = sub.add_parser("batch", help="answer the same questions for every row of a JSONL, CSV or Parquet file")
+    model_options(bt)
+    bt.add_argument("input", help="rows: .jsonl, .csv or .parquet")
+    bt.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
+    bt.add_argument("--out", required=True, help="the rows plus the answers: .jsonl, .csv or .parquet; rerun the "
+                                                 "same command to continue an interrupted job")
+    bt.add_argument("--state-field", default=None,
+                    help="the field or column that is the state (default: the whole record is the state)")
+    bt.add_argument("--on-error", default="skip", choices=["skip", "stop"],
+                    help="a row that cannot be answered: record it in prefill_error and go on, or stop (default skip)")
+    bt.add_argument("--batch-size", type=int, default=16, help="rows run together in shared passes (default 16)")
 
     ev = sub.add_parser("eval", help="evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG")
     model_options(ev)
@@ -129,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "batch":
+        return _batch(args)
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "record":
@@ -167,7 +196,7 @@ def _prefill(args):
     pf = Prefill(args.model, dtype=args.dtype, chat=False if args.no_chat else None, packing=args.packing,
                  system=args.system == "on", noul_words=args.noul_words, score_words=args.score_words,
                  scoring=_scoring(args.scoring),
-                 max_request_tokens=args.max_request_tokens,
+                 max_request_tokens=args.max_request_tokens, max_sequence_tokens=args.max_sequence_tokens,
                  calibration=None if args.calibration == "none" else args.calibration,
                  facts=args.facts == "on", readout=first[1] if first else None,
                  fallback_below=args.fallback_below, fallback=fallback)
@@ -203,7 +232,7 @@ def _engines(args):
     """What `prefill serve` serves: the plain base model under its own name and every --readout beside it,
     all on one copy of the weights and one state cache; the jev-* aliases point to --default-model (default:
     the first readout). A readout trained with a LoRA changes the weights: it is served alone."""
-    from .server import Served
+    from .serving.app import Served
     pf = _prefill(args)
     if pf.engine.readouts is None:  # (a LoRA readout among others was refused by _check_serve)
         for name, path in readout_options(args.readout):
@@ -364,7 +393,7 @@ def _serve(args) -> int:
     import uvicorn
 
     from .loading import ModelNotFound, resolve
-    from .server import create_app
+    from .serving.app import create_app
     try:
         base = resolve(args.model).name  # a wrong path or a missing default model fails now, not in the background
         _check_serve(args, base)
@@ -372,7 +401,8 @@ def _serve(args) -> int:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
-    app = create_app(lambda: _engines(args), api_keys=keys)
+    app = create_app(lambda: _engines(args), api_keys=keys, max_queue=args.max_queue, max_wait_s=args.max_wait,
+                     max_batch=args.max_batch, batching=args.batching == "on")
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -405,14 +435,14 @@ def _read(value: str, as_json: bool) -> object:
 
 
 def _ask(args) -> int:
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     from .engine import RequestTooLarge
     from .loading import ModelNotFound
-    from .schema import Question, SystemOneResponse
+    from .schema import SystemOneResponse, wire_questions
     try:
         state = _read(args.state, as_json=False)
-        questions = TypeAdapter(dict[str, Question]).validate_python(_read(args.questions, as_json=True))
+        questions = wire_questions(_read(args.questions, as_json=True))
     except (OSError, json.JSONDecodeError, ValidationError) as e:
         print(f"prefill ask: {e}", file=sys.stderr)
         return 2
@@ -426,6 +456,31 @@ def _ask(args) -> int:
     dumped = out.model_dump(mode="json") if args.usage else {k: v.model_dump(mode="json") for k, v in answers.items()}
     json.dump(dumped, sys.stdout, ensure_ascii=False, indent=2)
     print()
+    return 0
+
+
+def _batch(args) -> int:
+    from .batch import BatchError, RowFailed, load_questions, run
+    from .loading import ModelNotFound
+    source, out = Path(args.input), Path(args.out)
+    try:
+        if not source.exists():
+            raise BatchError(f"{source}: no such file")
+        questions = load_questions(_read(args.questions, as_json=True))
+        pf = _prefill(args)
+        summary = run(pf.engine, source, questions, out, state_field=args.state_field, on_error=args.on_error,
+                      batch_size=args.batch_size)
+    except (BatchError, ModelNotFound, OSError, json.JSONDecodeError) as e:  # RowFailed: the job; the rest: usage
+        print(f"prefill batch: {e}", file=sys.stderr)
+        return 1 if isinstance(e, RowFailed) else 2
+    except KeyboardInterrupt:
+        print("\nprefill batch: interrupted; the finished rows are kept: rerun the same command to continue",
+              file=sys.stderr)
+        return 130
+    skipped = f", {len(summary.skipped)} skipped (lines {', '.join(str(n) for n, _ in summary.skipped[:20])}" + \
+        (" ..." if len(summary.skipped) > 20 else "") + f"; see {out}'s prefill_error column)" if summary.skipped else ""
+    resumed = f" (continued after {summary.resumed_from} rows done before)" if summary.resumed_from else ""
+    print(f"prefill batch: {summary.answered} rows answered{resumed}{skipped} -> {out}", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import facts
-from .backends.base import Backend
+from .backends.base import Backend, ReadoutUnsupported, score_many
 from .calibration import Calibration
 from .readout import Readouts
 from .render import Branches, render_text
@@ -26,7 +26,10 @@ from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected
 from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
-DEFAULT_MAX_REQUEST_TOKENS = 262_144
+# The API's documented limits: a request at most 64k tokens, and any one sequence a token sees (the state,
+# a question, an answer) at most 32k; both configurable, and the sequence never past the model's context.
+DEFAULT_MAX_REQUEST_TOKENS = 65_536
+DEFAULT_MAX_SEQUENCE_TOKENS = 32_768
 log = logging.getLogger("prefill.engine")
 _BACKEND_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -52,12 +55,42 @@ class Decision:
     low_confidence: list[str] = field(default_factory=list)  # under the fallback threshold, not escalated
     escalated: list[str] = field(default_factory=list)       # answered by the fallback engine instead
     early_exit: list[str] = field(default_factory=list)      # answered by the shallow readout head
+    facts: list[str] = field(default_factory=list)           # answered exactly by the fact pass
+
+
+Request = tuple[Any, Mapping[str, "Noul | Choice | Score"], "dt.date | None"]  # state, questions, reference date
+
+
+@dataclass
+class Scored:
+    """The model's part of one request: each question's distribution, the tokens read, and which
+    questions the fact pass and a shallow readout answered."""
+    probs: dict[str, list[float]]
+    n_tokens: int
+    early_exit: list[str]
+    facts: list[str]
+
+
+@dataclass
+class _Prepared:
+    """A request rendered for the model: its distinct question branches (`slot`: question id -> branch)."""
+    found: Scored
+    asked: dict[str, Any]
+    state_ids: Sequence[int]
+    branches: list[Branches]
+    qtypes: list[str]
+    slot: dict[str, int]
+
+    def fill(self, per_branch: list[list[float]], exited: set[int]) -> None:
+        self.found.probs.update({qid: per_branch[self.slot[qid]] for qid in self.asked})
+        self.found.early_exit = [qid for qid in self.asked if self.slot[qid] in exited]
 
 
 @dataclass
 class Engine:
     backend: Backend
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
+    max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS
     # Fitted temperatures (prefill calibrate), applied to every answer; None serves raw model probabilities.
     calibration: Calibration | None = None
     # Exact answers for single numeric/date comparisons (see facts.py and the README's measurement).
@@ -107,7 +140,23 @@ class Engine:
 
     def decide(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
                reference_date: dt.date | None = None) -> Decision:
-        probs, n_tokens, early = self.probabilities(state, questions, reference_date)
+        found = self.score_many([(state, questions, reference_date)])[0]
+        if isinstance(found, Exception):
+            raise found
+        return self.conclude(state, questions, reference_date, found)
+
+    def decide_many(self, requests: Sequence[Request]) -> list[Decision | Exception]:
+        """`decide` for several independent requests (state, questions, reference date), their model work
+        in shared passes (score_many); a request that cannot be answered (too large, say) gets its
+        exception in its place and does not fail the others."""
+        found = self.score_many(requests)
+        return [f if isinstance(f, Exception) else self.conclude(*r, f) for r, f in zip(requests, found)]
+
+    def conclude(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+                 reference_date: dt.date | None, found: Scored) -> Decision:
+        """The wire answers from the model's distributions, after asking the fallback about the questions
+        the model is unsure of. Outside the backend lock: a remote fallback never holds up the model."""
+        probs, n_tokens = dict(found.probs), found.n_tokens
         low, escalated = [], []
         if self.fallback_below is not None:
             low = [qid for qid, p in probs.items() if choice_confidence(p) < self.fallback_below]
@@ -122,12 +171,52 @@ class Engine:
             n_tokens += extra_tokens
             low, escalated = [q for q in low if q not in more], [q for q in low if q in more]
         answers = {qid: self._answer(q, probs[qid]) for qid, q in questions.items()}
-        return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated, early)
+        return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated,
+                        found.early_exit, found.facts)
 
     def probabilities(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
                       reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
         """Each question's distribution over its declared answers (in declared order, noul: yes, no), the
         tokens the model read, and the questions a shallow readout answered."""
+        found = self.score_many([(state, questions, reference_date)])[0]
+        if isinstance(found, Exception):
+            raise found
+        return found.probs, found.n_tokens, found.early_exit
+
+    def score_many(self, requests: Sequence[Request]) -> list[Scored | Exception]:
+        """The model's part of `decide_many`: each request's distributions, before any fallback. The
+        training-free path runs all requests' questions in shared passes (backend.score_many); trained
+        readouts run request by request."""
+        out: list[Scored | Exception] = []
+        todo: list[tuple[int, _Prepared]] = []
+        for state, questions, reference_date in requests:
+            try:
+                prepared = self._prepare(state, questions, reference_date)
+            except RequestTooLarge as e:
+                out.append(e)
+                continue
+            out.append(prepared.found)
+            if prepared.asked:
+                todo.append((len(out) - 1, prepared))
+        if not todo:
+            return out
+        with self._lock:  # one forward at a time; concurrent requests queue here (or in serving's scheduler)
+            if self.readouts is None:
+                jobs = [(p.state_ids, p.branches, p.qtypes) for _, p in todo]
+                for (_, p), scores in zip(todo, self.scores_many(jobs)):
+                    p.fill([self._calibrated(t, s) for t, s in zip(p.qtypes, scores)], set())
+            else:
+                for i, p in todo:
+                    try:
+                        p.fill(*self._read_heads(p.state_ids, p.branches, p.qtypes))
+                    except ReadoutUnsupported as e:
+                        out[i] = e
+        return out
+
+    def _prepare(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+                 reference_date: dt.date | None) -> _Prepared:
+        """The fact pass, then the rest rendered to token branches (identical questions once), checked
+        against the limits."""
         probs: dict[str, list[float]] = {}
         if self.use_facts:
             state_text = render_text(state)
@@ -135,9 +224,10 @@ class Engine:
                 exact = facts.decide(state_text, q, reference_date)
                 if exact is not None:
                     probs[qid] = exact
+        found = Scored(probs, 0, [], list(probs))
         asked = {qid: q for qid, q in questions.items() if qid not in probs}
         if not asked:
-            return probs, 0, []
+            return _Prepared(found, asked, [], [], [], {})
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
         unique: dict[Branches, int] = {}    # identical questions are scored once, and so answered alike
@@ -147,29 +237,28 @@ class Engine:
             if slot[qid] == len(qtypes):
                 qtypes.append(q.type)
         branches = list(unique)
-        n_tokens = self._check_limits(state_ids, branches)
-        with self._lock:  # one forward at a time; concurrent requests queue here
-            if self.readouts is None:
-                per_branch = [self._calibrated(t, s) for t, s in zip(qtypes, self.scores(state_ids, branches, qtypes))]
-                exited: set[int] = set()
-            else:
-                per_branch, exited = self._read_heads(state_ids, branches, qtypes)
-        probs.update({qid: per_branch[slot[qid]] for qid in asked})
-        return probs, n_tokens, [qid for qid in asked if slot[qid] in exited]
+        found.n_tokens = self._check_limits(state_ids, branches)
+        return _Prepared(found, asked, state_ids, branches, qtypes, slot)
 
     def scores(self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]) -> list[list[float]]:
         """Training-free answer scores: each question's readout over one packed pass, then its correction
         (a content-free prior per distinct question, cached). Before calibration."""
-        ways = [self.scoring.get(t) or Scoring() for t in qtypes]
-        cut = [w.branches(b) for w, b in zip(ways, branches)]
-        out = [w.combine(c, s) for w, c, s in zip(ways, cut, self.backend.score(state_ids, cut))]
+        return self.scores_many([(state_ids, branches, qtypes)])[0]
+
+    def scores_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Branches], Sequence[str]]]) -> list[list[list[float]]]:
+        """`scores` for several (state, branches, types) at once, the model passes shared."""
+        ways = [[self.scoring.get(t) or Scoring() for t in qtypes] for _, _, qtypes in jobs]
+        cuts = [[w.branches(b) for w, b in zip(ws, branches)] for ws, (_, branches, _) in zip(ways, jobs)]
+        raw = score_many(self.backend, [(state, cut) for (state, _, _), cut in zip(jobs, cuts)])
+        out = [[w.combine(c, s) for w, c, s in zip(ws, cut, r)] for ws, cut, r in zip(ways, cuts, raw)]
         renderer = self.backend.renderer
-        for way in {w for w in ways if w.correction != "none"}:
-            idx = [i for i, w in enumerate(ways) if w == way]
-            priors = self._priors.log_priors(way, [cut[i] for i in idx],
+        flat = [(j, i, w) for j, ws in enumerate(ways) for i, w in enumerate(ws) if w.correction != "none"]
+        for way in {w for _, _, w in flat}:
+            idx = [(j, i) for j, i, w in flat if w == way]
+            priors = self._priors.log_priors(way, [cuts[j][i] for j, i in idx],
                                              lambda text, bs: self.backend.score(renderer.state(text), bs))
-            for i, prior in zip(idx, priors):
-                out[i] = corrected(out[i], prior)
+            for (j, i), prior in zip(idx, priors):
+                out[j][i] = corrected(out[j][i], prior)
         return out
 
     def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:
@@ -200,11 +289,14 @@ class Engine:
         return softmax(head.score(qtype, f.decision[0], f.options[:, 0], f.loglik))
 
     def _check_limits(self, state: Sequence[int], branches: Sequence[Branches]) -> int:
-        longest = max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)
+        longest = len(state) + max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)
         context = self.backend.max_context
-        if len(state) + longest > context:
-            raise RequestTooLarge(f"the state and its longest question need {len(state) + longest} tokens; "
+        if longest > context:
+            raise RequestTooLarge(f"the state and its longest question need {longest} tokens; "
                                   f"the model's context limit is {context} tokens")
+        if longest > self.max_sequence_tokens:
+            raise RequestTooLarge(f"the state and its longest question need {longest} tokens; the limit is "
+                                  f"{self.max_sequence_tokens} (--max-sequence-tokens)")
         total = len(state) + sum(b.n_tokens for b in branches)
         if total > self.max_request_tokens:
             raise RequestTooLarge(f"the request needs {total} tokens; the limit is {self.max_request_tokens} "

@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic_core import PydanticCustomError
 
 # Instructions, descriptions and the state may be a string, an object or an array (never a number or bool).
 Text = Union[str, dict[str, Any], list[Any]]
@@ -79,6 +80,19 @@ class SystemOneRequest(BaseModel):
     # prefill's extension (x_-prefixed, so the contract stays clean): "today" for date questions.
     x_reference_date: dt.date | None = None
 
+    @field_validator("questions", mode="before")
+    @classmethod
+    def _choice_criteria_is_an_object(cls, questions: Any) -> Any:
+        """On the wire a choice's criteria is an object of name -> description, exactly as the API documents
+        (the official SDK's model too); the list shorthand is the Python API's only."""
+        if isinstance(questions, dict):
+            for qid, q in questions.items():
+                if isinstance(q, dict) and q.get("type") == "choice" and not isinstance(q.get("criteria"), dict):
+                    raise PydanticCustomError(
+                        "dict_type", "question {qid}: a choice's criteria must be an object of option name -> "
+                        "description (null for none)", {"qid": qid})
+        return questions
+
 
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
@@ -122,3 +136,8 @@ class ModelInfo(BaseModel):
 
 class ModelList(BaseModel):
     models: list[ModelInfo]
+
+
+def wire_questions(raw: Any) -> dict[str, Noul | Choice | Score]:
+    """Questions given as JSON ({id: question}, as in a request): validated by exactly the request's rules."""
+    return dict(SystemOneRequest.model_validate({"model": "-", "state": "", "questions": raw}).questions)

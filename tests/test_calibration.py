@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from prefill import metrics
 from prefill.calibration import Calibration, fit_temperature, rescale
 from prefill.engine import Engine
-from prefill.server import create_app
+from prefill.serving.app import create_app
 
 from .conftest import make_backend, make_model
 from .test_cli import model_dir  # noqa: F401

@@ -231,3 +231,50 @@ def test_a_question_larger_than_a_chunk_is_split_exactly(tiny_model, tokenizer):
     b, _ = split.ask(STATE, q)
     assert split.backend.forward_calls > 4  # state, prompt, several answer chunks, the other question
     assert max_delta(a, b) <= TOL
+
+
+def test_requests_batched_equal_each_alone(tiny_model, tokenizer):
+    """Cross-request batching (serving's scheduler, prefill batch): several requests' states run side by
+    side and their questions share chunks, yet each answer equals the request's answer alone: states of
+    different lengths, one state already cached and two fresh, two requests on the same state, a request
+    the fact pass answers entirely, and the default scoring (with its content-free priors)."""
+    requests = [
+        (STATE, QUESTIONS, None),
+        ("Short.", {"refund": QUESTIONS["refund"], "x": Noul("Is 12 greater than 7?")}, None),
+        ("The parcel never came. " * 20, {"team": QUESTIONS["team"], "anger": QUESTIONS["anger"]}, None),
+        (STATE, {"fraud": QUESTIONS["fraud"]}, None),
+        ("The total is 40 EUR.", {"big": Noul("Is the total over 30 EUR?")}, None),
+    ]
+    alone = Engine(make_backend(tiny_model, tokenizer))
+    expected = [alone.decide(*r) for r in requests]
+    together = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=2048))
+    for _, questions, _ in requests:
+        together.decide("Warm-up.", questions)          # the questions' content-free priors, cached
+    together.decide(*requests[2])                       # this state is cached, the others are not
+    calls = together.backend.forward_calls
+    got = together.decide_many(requests)
+    for e, g in zip(expected, got):
+        assert max_delta(e.answers, g.answers) <= TOL
+        assert e.usage == g.usage and e.facts == g.facts
+    assert got[4].facts == ["big"] and got[4].usage.input_tokens == 0
+    # one pass for the two uncached states, one packed pass for every request's questions
+    assert together.backend.forward_calls - calls == 2
+
+
+def test_batched_mask_keeps_requests_apart(tiny_model, tokenizer):
+    """The check above can fail: let a question see every state in the shared pass and it moves."""
+    backend = make_backend(tiny_model, tokenizer, chunk_tokens=2048)
+    r = backend.renderer
+    jobs = [(r.state(STATE), [r.question(QUESTIONS["team"])]), (r.state("Short."), [r.question(QUESTIONS["team"])])]
+    exact = backend.score_many(jobs)
+    real = causal_lm.CausalLMBackend._tree_pass
+
+    def leaky(self, cache, n_state, tree, layers=(), inputs_embeds=None, spans=None):
+        return real(self, cache, n_state, tree, layers, inputs_embeds, None)  # every state visible to all
+    backend._states.clear()
+    causal_lm.CausalLMBackend._tree_pass = leaky
+    try:
+        leaked = backend.score_many(jobs)
+    finally:
+        causal_lm.CausalLMBackend._tree_pass = real
+    assert max(abs(a - b) for a, b in zip(exact[1][0], leaked[1][0])) > 1e-2

@@ -12,7 +12,7 @@ from prefill.engine import Engine
 from prefill.evaluate import gold_index, parse_questions
 from prefill.facts import decide, quantities, reference_date
 from prefill.schema import Choice, Noul, Score
-from prefill.server import create_app
+from prefill.serving.app import create_app
 
 from .conftest import make_backend
 from .test_exactness import TOL, max_delta

@@ -13,7 +13,7 @@ from prefill.engine import Engine
 from prefill.evaluate import Item
 from prefill.readout import Readout, ReadoutConfig, Readouts
 from prefill.schema import Choice, Noul, Score
-from prefill.server import create_app
+from prefill.serving.app import create_app
 from prefill import training
 
 from .conftest import RAW, make_backend

@@ -22,7 +22,7 @@ from prefill.api import Prefill
 from prefill.engine import Engine, choice_confidence
 from prefill.fallback import UNSCORED_MASS, ChatFallback, SystemOneFallback, answer_probability, parse_answer
 from prefill.readout import Readouts
-from prefill.server import Served, create_app
+from prefill.serving.app import Served, create_app
 
 from .conftest import RAW, make_backend, make_model
 from .test_exactness import QUESTIONS, STATE, TOL

@@ -25,9 +25,18 @@ class Backend(Protocol):
         """Log-likelihood of each answer's whole token sequence given the state and its question."""
         ...
 
+    # Optional: score_many(jobs), `score` for several (state, questions) at once in shared passes; the
+    # module function score_many below falls back to one `score` per job.
     # Backends that serve trained readouts also have features(state, questions, layers) (hidden states
     # from the same packed pass) and features_early_exit(state, questions, early, final, exits); for a
     # readout trained with a LoRA, merge_adapter(path), which the Engine calls.
+
+
+def score_many(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Branches]]]) -> list[list[list[float]]]:
+    """`backend.score` for each (state, questions) job, in shared passes where the backend can."""
+    if hasattr(backend, "score_many"):
+        return backend.score_many(jobs)
+    return [backend.score(state, questions) for state, questions in jobs]
 
 
 class ReadoutUnsupported(ValueError):

@@ -77,7 +77,8 @@ class CausalLMBackend:
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
                  chat: bool | None = None, system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
                  score_words: str = DEFAULT_SCORE_WORDS, packing: str = "auto",
-                 chunk_tokens: int = 512, state_cache_tokens: int = 16384, fingerprint: str = ""):
+                 chunk_tokens: int = 512, state_cache_tokens: int = 16384, state_pack_tokens: int = 2048,
+                 fingerprint: str = ""):
         self.model = model.eval()
         self.name = name
         self.fingerprint = fingerprint
@@ -97,6 +98,9 @@ class CausalLMBackend:
         self.tokens_run = 0     # tokens those passes ran (shared prompt prefixes and cached states count once)
         self.adapter: Path | None = None  # a LoRA merged into the weights (merge_adapter)
         self.state_cache_tokens = state_cache_tokens
+        self.state_pack_tokens = state_pack_tokens  # score_many: states run side by side, up to this many tokens
+        self.state_hits = 0     # states found in the cache
+        self.state_misses = 0   # states that had to be run
         self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
         self._all_layers = list(model.get_decoder().layers)
 
@@ -120,6 +124,43 @@ class CausalLMBackend:
             else:
                 scores += self._score_packed(cache, len(state), chunk)
         return scores
+
+    @torch.inference_mode()
+    def score_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Branches]]]) -> list[list[list[float]]]:
+        """`score` for several requests at once, in shared passes: the states not cached yet run side by side
+        in one pass (each sees only itself), then every request's questions are packed into the same
+        chunks, each question's tokens seeing only its own state and its own ancestors. So an answer is the
+        one `score` gives alone, up to float rounding (tests/test_exactness.py), and a forward's fixed cost is
+        paid once per chunk instead of once per request. Row and sliding-window models, and questions too
+        large for a chunk, are scored per request."""
+        if len(jobs) == 1 or self.packing == "rows" or self.sliding_window is not None:
+            return [self.score(state, questions) for state, questions in jobs]
+        caches = self._run_states([state for state, _ in jobs])
+        out: list[list[list[float] | None]] = [[None] * len(questions) for _, questions in jobs]
+        small = []
+        for j, (state, questions) in enumerate(jobs):
+            for i, q in enumerate(questions):
+                if q.n_tokens > self.chunk_tokens:
+                    out[j][i] = self._score_large(caches[j], len(state), q)
+                else:
+                    small.append((j, i, q))
+        for chunk in _chunks(small, self.chunk_tokens, size=lambda item: item[2].n_tokens):
+            groups: dict[int, int] = {}   # a state (by its cache) -> its group in this chunk
+            for j, _, _ in chunk:
+                groups.setdefault(id(caches[j]), len(groups))
+            firsts = {id(caches[j]): j for j, _, _ in reversed(chunk)}
+            members = [firsts[key] for key in groups]                # one request per group, for its state
+            spans, start = [], 0
+            for j in members:
+                spans.append((start, start + len(jobs[j][0])))
+                start += len(jobs[j][0])
+            tree = _Tree.build([q for _, _, q in chunk], [len(jobs[j][0]) for j, _, _ in chunk],
+                               [groups[id(caches[j])] for j, _, _ in chunk])
+            cache = caches[members[0]] if len(members) == 1 else _concat([caches[j] for j in members])
+            scores, _ = self._tree_pass(cache, start, tree, spans=spans if len(members) > 1 else None)
+            for (j, i, _), s in zip(chunk, scores):
+                out[j][i] = s
+        return out
 
     @torch.inference_mode()
     def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int]) -> list[Features]:
@@ -255,34 +296,80 @@ class CausalLMBackend:
 
     # -- the state, once
     def _run_state(self, state: Sequence[int]) -> DynamicCache:
-        key = tuple(state)
-        if key in self._states:
-            self._states.move_to_end(key)
-            return self._states[key]
+        return self._run_states([state])[0]
+
+    def _run_states(self, states: Sequence[Sequence[int]]) -> list[DynamicCache]:
+        """Each state's keys/values: from the cache, else computed. States not cached yet are run side by
+        side in one pass (up to `state_pack_tokens` tokens; each one at its own positions, seeing only
+        itself), then cut apart: the same keys and values, up to float rounding, as run alone."""
+        found: dict[tuple[int, ...], DynamicCache] = {}
+        missing: list[tuple[int, ...]] = []
+        for key in map(tuple, states):
+            if key in found or key in missing:
+                continue
+            if key in self._states:
+                self._states.move_to_end(key)
+                found[key] = self._states[key]
+                self.state_hits += 1
+            else:
+                missing.append(key)
+                self.state_misses += 1
+        for group in _chunks(missing, self.state_pack_tokens, size=len):
+            found.update(zip(group, self._state_pass(group)))
+        for key in missing:
+            if len(key) <= self.state_cache_tokens:
+                self._states[key] = found[key]
+        while sum(len(k) for k in self._states) > self.state_cache_tokens:
+            self._states.popitem(last=False)
+        return [found[tuple(s)] for s in states]
+
+    def _state_pass(self, states: Sequence[tuple[int, ...]]) -> list[DynamicCache]:
         cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([list(state)], device=self.device)
-        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        ids = torch.tensor([[t for s in states for t in s]], device=self.device)
         self.forward_calls += 1
-        self.tokens_run += len(key)
-        if len(key) <= self.state_cache_tokens:
-            self._states[key] = cache
-            while sum(len(k) for k in self._states) > self.state_cache_tokens:
-                self._states.popitem(last=False)
-        return cache
+        self.tokens_run += ids.shape[1]
+        if len(states) == 1:
+            self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            return [cache]
+        n = ids.shape[1]
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        positions, start = [], 0
+        for s in states:  # block-diagonal: causal within each state, nothing across
+            allowed[start:start + len(s), start:start + len(s)] = torch.ones(len(s), len(s), dtype=torch.bool).tril()
+            positions += range(len(s))
+            start += len(s)
+        mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        self.model(input_ids=ids, position_ids=torch.tensor([positions], device=self.device),
+                   attention_mask=mask.to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+        out, start = [], 0
+        for s in states:
+            out.append(DynamicCache(ddp_cache_data=[(layer.keys[:, :, start:start + len(s)].clone(),
+                                                     layer.values[:, :, start:start + len(s)].clone())
+                                                    for layer in cache.layers]))
+            start += len(s)
+        return out
 
     # -- packed: one sequence, a tree mask
     def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
         return self._tree_pass(cache, n_state, _Tree.build(chunk, n_state))[0]
 
     def _tree_pass(self, cache: DynamicCache, n_state: int, tree: _Tree, layers: Sequence[int] = (),
-                   inputs_embeds: torch.Tensor | None = None) -> tuple[list[list[float]], torch.Tensor | None]:
+                   inputs_embeds: torch.Tensor | None = None, spans: Sequence[tuple[int, int]] | None = None,
+                   ) -> tuple[list[list[float]], torch.Tensor | None]:
         """One pass of the tree over the cached state: each question's answer log-likelihoods, and with
         `layers` the hidden states after those decoder layers (1-based), (n_tokens, n_layers, hidden).
-        `inputs_embeds` starts the pass from given hidden states instead of the tokens' embeddings."""
+        `inputs_embeds` starts the pass from given hidden states instead of the tokens' embeddings.
+        `spans`: the cache holds several states side by side (score_many); a token of group g sees only
+        the cache columns spans[g]."""
         n = len(tree.ids)
-        visible = tree.visibility()                                   # (n, n) bool, ancestors and self
-        mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype)  # the state is visible to all
-        mask[0, 0, :, n_state:].masked_fill_(~visible, torch.finfo(self.dtype).min)
+        allowed = torch.ones(n, n_state + n, dtype=torch.bool)       # the state is visible to all
+        if spans is not None:
+            allowed[:, :n_state] = False
+            group = torch.tensor(tree.group)
+            for g, (start, stop) in enumerate(spans):
+                allowed[group == g, start:stop] = True
+        allowed[:, n_state:] = tree.visibility()                     # ancestors and self
+        mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
         inputs = ({"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)} if inputs_embeds is not None
                   else {"input_ids": torch.tensor([tree.ids], device=self.device)})
@@ -354,16 +441,22 @@ class _Tree:
         self.decision: list[int] = []           # per question: its prompt's last token
         self.option_end: list[list[int]] = []   # per question, per answer: its last token before the marker
         self.nodes: list[list[int]] = []        # per question: its nodes, prompt then answers, in order
+        self.group: list[int] = []      # which state the node continues (several only in score_many)
+        self._group = 0
         self._slot: dict[int, int] = {}
-        self._children: dict[tuple[int, int], int] = {}  # (parent, token) -> prompt node
+        self._children: dict[tuple[int, int], int] = {}  # (parent, token) -> prompt node; roots: -1 - group
 
     @classmethod
-    def build(cls, chunk: Sequence[Branches], n_state: int) -> _Tree:
+    def build(cls, chunk: Sequence[Branches], n_state: int | Sequence[int], groups: Sequence[int] | None = None) -> _Tree:
+        """`n_state`: the state's length, or each question's state's length when `groups` says which state
+        each question continues (questions on different states never share nodes)."""
         t = cls()
+        lengths = [n_state] * len(chunk) if isinstance(n_state, int) else list(n_state)
+        groups = groups or [0] * len(chunk)
         for qi, q in enumerate(chunk):
-            nodes, prev = [], -1
+            nodes, prev, n_state, t._group = [], -1, lengths[qi], groups[qi]
             for k, tok in enumerate(q.prompt):
-                shared = t._children.get((prev, tok))
+                shared = t._children.get((prev if prev >= 0 else -1 - t._group, tok))
                 prev = shared if shared is not None else t._add(tok, n_state + k, prev, shareable=True)
                 nodes.append(prev)
             prompt_end = prev
@@ -385,8 +478,9 @@ class _Tree:
         self.ids.append(tok)
         self.positions.append(pos)
         self.parent.append(parent)
+        self.group.append(self._group)
         if shareable:
-            self._children[(parent, tok)] = len(self.ids) - 1
+            self._children[(parent if parent >= 0 else -1 - self._group, tok)] = len(self.ids) - 1
         return len(self.ids) - 1
 
     def _read(self, index: int) -> int:
@@ -443,19 +537,26 @@ class _Tree:
         return [totals[q, :n].tolist() for q, n in enumerate(self.n_answers)]
 
 
-def _chunks(questions: Sequence[Branches], budget: int) -> Iterator[list[Branches]]:
-    """Greedy groups of whole questions of at most `budget` tokens (a larger question goes alone), so
-    memory stays bounded however many questions share the state."""
-    chunk: list[Branches] = []
-    size = 0
-    for q in questions:
-        if chunk and size + q.n_tokens > budget:
+def _chunks(items: Sequence, budget: int, size: Callable = lambda q: q.n_tokens) -> Iterator[list]:
+    """Greedy groups of whole items (questions, by default) of at most `budget` tokens (a larger item
+    goes alone), so memory stays bounded however many questions share the state."""
+    chunk: list = []
+    total = 0
+    for item in items:
+        if chunk and total + size(item) > budget:
             yield chunk
-            chunk, size = [], 0
-        chunk.append(q)
-        size += q.n_tokens
+            chunk, total = [], 0
+        chunk.append(item)
+        total += size(item)
     if chunk:
         yield chunk
+
+
+def _concat(caches: Sequence[DynamicCache]) -> DynamicCache:
+    """Several states' keys/values side by side in one cache (their positions are their own)."""
+    return DynamicCache(ddp_cache_data=[(torch.cat([c.layers[i].keys for c in caches], dim=2),
+                                         torch.cat([c.layers[i].values for c in caches], dim=2))
+                                        for i in range(len(caches[0].layers))])
 
 
 def _longest(q: Branches) -> int:

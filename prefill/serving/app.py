@@ -1,12 +1,15 @@
 """Serving: the TypeSafe System One API over HTTP (FastAPI).
 
-`POST /v1/systemone`, `GET /v1/models`, `GET /health`. The model loads in the background so the port
-answers at once: until it is ready, /health and requests get 503 with Retry-After (the SDKs retry).
-Errors keep TypeSafe's shapes: validation 422 `{"detail": [{loc, msg, type}]}`, anything else
+`POST /v1/systemone`, `GET /v1/models`, `GET /health`, `GET /metrics`. The model loads in the background
+so the port answers at once: until it is ready, /health and requests get 503 with Retry-After (the SDKs
+retry). Requests reach the model through the scheduler (scheduler.py): a bounded queue (429 past it), a
+deadline (503), a disconnected client's work dropped, and waiting requests batched. Errors keep
+TypeSafe's shapes: validation 422 `{"detail": [{loc, msg, type}]}`, anything else
 `{"detail": {error_type, message}}`; a bad request is never a 5xx.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -17,14 +20,18 @@ from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .backends.base import ReadoutUnsupported
-from .engine import Engine, RequestTooLarge
-from .schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
+from ..backends.base import ReadoutUnsupported
+from ..engine import Engine, RequestTooLarge
+from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
+from .scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S, DeadlineExceeded, Job, Overloaded,
+                        Scheduler, wait_time)
+from .telemetry import PROMETHEUS_TEXT, Telemetry
 
-log = logging.getLogger("prefill.server")
+log = logging.getLogger("prefill.serving")
 ALIASES = ("jev-latest", "jev-preview")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -86,12 +93,21 @@ class _Slot:
 
 
 def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Engine | Mapping[str, Engine] | Served],
-               *, api_keys: Sequence[str] = (), max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               *, api_keys: Sequence[str] = (), max_body_bytes: int = MAX_BODY_BYTES,
+               max_queue: int = DEFAULT_MAX_QUEUE, max_wait_s: float = DEFAULT_MAX_WAIT_S,
+               max_batch: int = DEFAULT_MAX_BATCH, batching: bool = True) -> FastAPI:
     """An app serving `engine` (or several, by model name: `Served`), or what a loader returns (run in a
-    background thread)."""
+    background thread). `max_queue`, `max_wait_s`, `max_batch`, `batching`: the scheduler's admission
+    control and cross-request batching (scheduler.py)."""
     slot = _Slot()
     keys = [k.encode() for k in api_keys if k]
     app = FastAPI(title="prefill", description="TypeSafe System One API, answered in one prefill pass.")
+    telemetry = Telemetry(lambda: scheduler.depth,
+                          lambda: [e.backend for e in slot.engine.engines.values()] if slot.engine else [])
+    scheduler = Scheduler(max_queue=max_queue, max_wait_s=max_wait_s, max_batch=max_batch, batching=batching,
+                          on_batch=lambda n, _seconds: telemetry.batch.observe(n))
+    app.state.scheduler = scheduler
+    app.router.on_shutdown.append(scheduler.close)
 
     if not callable(engine):
         slot.engine = Served.of(engine)
@@ -133,15 +149,29 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
                                            description=served.engines[n].description if n in served.engines
                                            else f"alias of {served.default}") for n in served.names()])
 
+    @app.get("/metrics", dependencies=[Depends(authenticate)])
+    def metrics():
+        return Response(telemetry.render(), media_type=PROMETHEUS_TEXT)
+
     @app.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
-    def systemone(req: SystemOneRequest):
+    async def systemone(req: SystemOneRequest, request: Request):
         e = slot.get().engine(req.model)
+        call = (req.state, req.questions, req.x_reference_date)
         try:
-            d = e.decide(req.state, req.questions, req.x_reference_date)
+            job = scheduler.submit(e, call)
+        except Overloaded as err:
+            raise ApiError(429, "rate_limit_error", str(err), {"Retry-After": str(err.retry_after)}) from err
+        try:
+            found = await _outcome(job, request)
+        except (DeadlineExceeded, _ClientGone) as err:
+            retry = getattr(err, "retry_after", 1)
+            raise ApiError(503, "overloaded_error", str(err), {"Retry-After": str(retry)}) from err
         except RequestTooLarge as err:
             raise ApiError(413, "request_too_large", str(err)) from err
         except ReadoutUnsupported as err:
             raise ApiError(400, "invalid_request_error", str(err)) from err
+        d = await run_in_threadpool(e.conclude, *call, found)
+        telemetry.answered(d)
         body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
         # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
         for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated)):
@@ -170,8 +200,45 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
         log.exception("internal error", exc_info=exc)
         return _error(500, "internal_error", "internal error; the server log has the details")
 
+    async def _outcome(job: Job, request: Request):
+        """The job's result, once the worker has run it; dropped unrun if its client disconnects or its
+        deadline passes while it waits (a job already running is waited for: its answer is seconds away)."""
+        result = asyncio.wrap_future(job.future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({result, gone}, timeout=wait_time(job, scheduler.max_wait_s),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if result not in done and scheduler.drop(job):
+                if gone in done:
+                    raise _ClientGone("the client disconnected; its request was dropped unanswered")
+                raise DeadlineExceeded(scheduler.max_wait_s, scheduler.retry_after())
+            return await result
+        finally:
+            gone.cancel()
+
     app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
+    app.add_middleware(_Counted, telemetry=telemetry)
     return app
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Counted:
+    """Starlette middleware form of Telemetry.middleware: every response counted and timed."""
+
+    def __init__(self, app, telemetry: Telemetry):
+        self.app = telemetry.middleware(app)
+
+    async def __call__(self, scope, receive, send):
+        return await self.app(scope, receive, send)
 
 
 class _DecodeBody:

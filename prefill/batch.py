@@ -1,0 +1,259 @@
+"""`prefill batch IN --questions Q.json --out OUT`: the same questions for every row of a file.
+
+IN and OUT are JSONL, CSV or Parquet (by extension). A row's state is one field (`--state-field`) or the
+whole record. OUT has every input row, in order, with each question's answer and probabilities added as
+flat columns (`id`, `id.confidence`, `id.p.<option>`); a row that cannot be answered is reported with its
+line number and, with `--on-error skip`, kept in OUT with the reason in `prefill_error` (so nothing is
+dropped silently), or, with `--on-error stop`, stops the job there.
+
+Resumable: answers go to a journal (`OUT.partial.jsonl`) a batch at a time, flushed; OUT is written from it
+when every row is done. Rerun the same command after an interruption (Ctrl-C, a crash, a reboot) and it
+continues after the last batch the journal holds: nothing is answered twice and nothing is lost. The
+journal remembers the input and the questions, so a rerun with other ones is refused instead of mixed.
+
+Rows share nothing, so `--batch-size` rows at a time go through Engine.decide_many: shared passes, each
+answer equal to the row's answer alone.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine import Engine
+from .schema import Answer, wire_questions
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+ERROR_COLUMN = "prefill_error"
+
+
+class BatchError(Exception):
+    """A job that cannot start or go on (bad arguments, a bad row with --on-error stop)."""
+
+
+@dataclass
+class Summary:
+    answered: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)   # (line number, reason)
+    resumed_from: int = 0                                           # rows the journal already held
+    out: Path | None = None
+
+
+def file_format(path: Path) -> str:
+    try:
+        return FORMATS[path.suffix.lower()]
+    except KeyError:
+        raise BatchError(f"{path}: unknown format; use one of {', '.join(sorted(FORMATS))}") from None
+
+
+class RowFailed(BatchError):
+    """A row could not be answered and --on-error is stop."""
+
+
+def load_questions(raw: Any) -> dict:
+    """The questions as the wire takes them ({id: question}), validated by the same rules."""
+    try:
+        return wire_questions(raw)
+    except ValueError as e:
+        raise BatchError(f"--questions: {e}") from e
+
+
+def read_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
+    """(line number, record) per row; a row that cannot be read comes as its exception. Line numbers are
+    the file's (JSONL, CSV: the header is line 1) or the row's 1-based index (Parquet)."""
+    kind = file_format(path)
+    if kind == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield n, ValueError(f"not valid JSON: {e}")
+                    continue
+                yield n, record if isinstance(record, dict) else ValueError("a line must be a JSON object")
+    elif kind == "csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            start = 2
+            for record in reader:
+                yield start, record
+                start = reader.line_num + 1
+    else:
+        import pyarrow.parquet as pq
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                n += 1
+                yield n, record
+
+
+def count_rows(path: Path) -> int:
+    if file_format(path) == "parquet":
+        import pyarrow.parquet as pq
+        return pq.ParquetFile(path).metadata.num_rows
+    return sum(1 for _ in read_rows(path))
+
+
+def state_of(record: Mapping, state_field: str | None) -> Any:
+    if state_field is None:
+        return dict(record)
+    if state_field not in record:
+        raise ValueError(f"no field {state_field!r} (fields: {', '.join(map(str, record))})")
+    state = record[state_field]
+    if not isinstance(state, (str, dict, list)):
+        raise ValueError(f"the state field {state_field!r} is {type(state).__name__}, not text, an object or a list")
+    return state
+
+
+def flatten(answers: Mapping[str, Answer]) -> dict[str, Any]:
+    """Answers as flat columns: `id` (noul: P(yes); choice: the chosen name; score: the expected level),
+    `id.confidence`, and `id.p.<option or level>`."""
+    out: dict[str, Any] = {}
+    for qid, a in answers.items():
+        if a.type == "noul":
+            out[qid] = a.noul
+            continue
+        out[qid] = a.choice if a.type == "choice" else a.score
+        out[f"{qid}.confidence"] = a.confidence
+        out.update({f"{qid}.p.{k}": p for k, p in a.probabilities.items()})
+    return out
+
+
+class Journal:
+    """OUT.partial.jsonl: a header (the input and the questions), then one line per finished row."""
+
+    def __init__(self, out: Path, source: Path, questions: Mapping):
+        self.path = out.with_name(out.name + ".partial.jsonl")
+        self.header = {"prefill_batch": 1, "input": str(source.resolve()),
+                       "questions": hashlib.sha256(json.dumps(
+                           {k: q.model_dump(mode="json") for k, q in questions.items()},
+                           sort_keys=True).encode()).hexdigest()}
+
+    def done(self) -> dict[int, dict]:
+        """The rows already finished, by row index. A torn last line (the job was killed mid-write) is cut."""
+        if not self.path.exists():
+            return {}
+        rows: dict[int, dict] = {}
+        good = 0
+        with open(self.path, "rb") as f:
+            for i, line in enumerate(f):
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                if i == 0:
+                    if {k: entry.get(k) for k in self.header} != self.header:
+                        raise BatchError(f"{self.path} was written for another input or other questions; "
+                                         "delete it to start over")
+                else:
+                    rows[entry["row"]] = entry
+                good += len(line)
+        with open(self.path, "r+b") as f:
+            f.truncate(good)
+        return rows
+
+    def open(self):
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        f = open(self.path, "a", encoding="utf-8")
+        if new:
+            f.write(json.dumps(self.header) + "\n")
+            f.flush()
+        return f
+
+
+def run(engine: Engine, source: Path, questions: Mapping, out: Path, *, state_field: str | None = None,
+        on_error: str = "skip", batch_size: int = 16, progress: bool = True) -> Summary:
+    """Answer `questions` for every row of `source` into `out` (see the module's docstring)."""
+    from tqdm import tqdm
+    file_format(out)
+    if on_error not in ("skip", "stop"):
+        raise BatchError(f"--on-error is skip or stop, not {on_error!r}")
+    journal = Journal(out, source, questions)
+    if out.exists() and not journal.path.exists():
+        raise BatchError(f"{out} exists and is complete; delete it to answer again")
+    done = journal.done()
+    summary = Summary(resumed_from=len(done), out=out)
+    summary.skipped = [(e["line"], e["error"]) for e in done.values() if "error" in e]
+    bar = tqdm(total=count_rows(source), initial=len(done), unit="row", desc=f"prefill batch {source.name}",
+               disable=not progress, dynamic_ncols=True)
+    with journal.open() as log, bar:
+        pending: list[tuple[int, int, dict]] = []
+
+        def flush() -> None:
+            states, keep = [], []
+            for row, line, record in pending:
+                try:
+                    states.append((state_of(record, state_field), questions, None))
+                    keep.append((row, line, record))
+                except ValueError as e:
+                    failed(row, line, record, e)
+            for (row, line, record), d in zip(keep, engine.decide_many(states)):
+                if isinstance(d, Exception):
+                    failed(row, line, record, d)
+                else:
+                    write({"row": row, "line": line, "record": {**record, **flatten(d.answers)}})
+                    summary.answered += 1
+            log.flush()
+            os.fsync(log.fileno())
+            bar.update(len(pending))
+            pending.clear()
+
+        def failed(row: int, line: int, record: Any, e: Exception) -> None:
+            reason = f"{type(e).__name__}: {e}"
+            if on_error == "stop":
+                log.flush()
+                raise RowFailed(f"{source}:{line}: {reason} (--on-error skip would record it and go on)")
+            bar.write(f"{source}:{line}: skipped: {reason}")
+            record = record if isinstance(record, dict) else {}
+            write({"row": row, "line": line, "error": reason, "record": {**record, ERROR_COLUMN: reason}})
+            summary.skipped.append((line, reason))
+
+        def write(entry: dict) -> None:
+            log.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
+
+        for row, (line, record) in enumerate(read_rows(source)):
+            if row in done:
+                continue
+            if isinstance(record, Exception):
+                failed(row, line, None, record)
+                bar.update(1)
+                continue
+            pending.append((row, line, record))
+            if len(pending) >= batch_size:
+                flush()
+        if pending:
+            flush()
+    write_out(out, [e["record"] for _, e in sorted(journal.done().items())])
+    journal.path.unlink()
+    return summary
+
+
+def write_out(out: Path, records: list[dict]) -> None:
+    """OUT in its format, written aside and renamed into place (a reader never sees half a file)."""
+    tmp = out.with_name(out.name + ".tmp")
+    kind = file_format(out)
+    if kind == "jsonl":
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+    elif kind == "csv":
+        columns = list(dict.fromkeys(k for r in records for k in r))
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, columns)
+            writer.writeheader()
+            for r in records:
+                writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+                                 for k, v in r.items()})
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        columns = list(dict.fromkeys(k for r in records for k in r))
+        pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in records]), tmp)
+    os.replace(tmp, out)

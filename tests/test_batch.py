@@ -1,0 +1,179 @@
+"""`prefill batch`: JSONL, CSV and Parquet in and out, answers equal to each row's answer alone, resumed
+after an interruption with the same output as an uninterrupted run, bad rows reported by line number."""
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prefill.batch import ERROR_COLUMN, BatchError, RowFailed, load_questions, run
+from prefill.engine import Engine
+
+from .conftest import make_backend, make_model
+from .test_cli import model_dir  # noqa: F401 — the fixture
+
+QUESTIONS = load_questions({
+    "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "Invoices", "Technical": None}},
+    "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
+})
+TEXTS = ["I was charged twice, refund me.", "The app crashes on launch.", "Thanks, all good now!",
+         "Where is my parcel? It has been a week.", "Cancel my subscription today or I call my bank."]
+ROWS = [{"id": i, "text": TEXTS[i % len(TEXTS)] + f" (ticket {i})"} for i in range(11)]
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer):
+    return Engine(make_backend(make_model("llama", len(tokenizer)), tokenizer))
+
+
+def write(path, rows):
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".csv":
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def read(path) -> list[dict]:
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    if path.suffix == ".csv":
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    return pq.read_table(path).to_pylist()
+
+
+class StopsAfter:
+    """An engine that is interrupted (Ctrl-C) on its n-th batch, and counts the rows it answers."""
+
+    def __init__(self, engine, n: int | None = None):
+        self.engine, self.n, self.calls, self.rows = engine, n, 0, 0
+
+    def decide_many(self, requests):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        self.rows += len(requests)
+        return self.engine.decide_many(requests)
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".csv", ".parquet"])
+def test_every_row_answered_as_alone(engine, tmp_path, ext):
+    src, out = tmp_path / f"in{ext}", tmp_path / f"out{ext}"
+    write(src, ROWS)
+    summary = run(engine, src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
+    assert summary.answered == len(ROWS) and not summary.skipped
+    got = read(out)
+    assert [str(r["id"]) for r in got] == [str(r["id"]) for r in ROWS]      # every row, in order
+    for row, r in zip(ROWS, got):
+        alone = engine.decide(row["text"], QUESTIONS).answers
+        assert abs(float(r["refund"]) - alone["refund"].noul) <= 1e-4
+        assert r["team"] == alone["team"].choice
+        assert abs(float(r["anger"]) - alone["anger"].score) <= 1e-4
+        for name, p in alone["team"].probabilities.items():
+            assert abs(float(r[f"team.p.{name}"]) - p) <= 1e-4
+        assert abs(float(r["anger.confidence"]) - alone["anger"].confidence) <= 1e-4
+    assert not (tmp_path / f"out{ext}.partial.jsonl").exists()
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".csv", ".parquet"])
+def test_resumed_after_an_interruption_equals_an_uninterrupted_run(engine, tmp_path, ext):
+    src = tmp_path / f"in{ext}"
+    write(src, ROWS)
+    whole = tmp_path / f"whole{ext}"
+    run(engine, src, QUESTIONS, whole, state_field="text", batch_size=3, progress=False)
+    out = tmp_path / f"out{ext}"
+    first = StopsAfter(engine, n=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(first, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
+    assert not out.exists() and first.rows == 6                             # two batches done, kept
+    second = StopsAfter(engine)
+    summary = run(second, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
+    assert summary.resumed_from == 6 and second.rows == len(ROWS) - 6     # nothing answered twice
+    assert read(out) == read(whole)
+
+
+def test_a_torn_journal_line_is_cut_and_redone(engine, tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(src, ROWS)
+    with pytest.raises(KeyboardInterrupt):
+        run(StopsAfter(engine, n=2), src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
+    journal = tmp_path / "out.jsonl.partial.jsonl"
+    journal.write_text(journal.read_text() + '{"row": 4, "line": 5, "rec')   # killed mid-write
+    run(engine, src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
+    assert [r["id"] for r in read(out)] == list(range(len(ROWS)))
+
+
+def test_other_questions_do_not_mix_with_a_journal(engine, tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(src, ROWS)
+    with pytest.raises(KeyboardInterrupt):
+        run(StopsAfter(engine, n=2), src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
+    other = load_questions({"x": {"type": "noul", "instructions": "Is it about a parcel?"}})
+    with pytest.raises(BatchError, match="other questions"):
+        run(engine, src, other, out, state_field="text", progress=False)
+
+
+def test_bad_rows_are_reported_by_line_and_kept(engine, tmp_path, capsys):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps(ROWS[0]) + "\n" + "{not json\n" + json.dumps({"id": 2, "body": "no text field"}) + "\n"
+                   + json.dumps({"id": 3, "text": 42}) + "\n" + json.dumps(ROWS[4]) + "\n")
+    summary = run(engine, src, QUESTIONS, out, state_field="text", progress=False)
+    assert summary.answered == 2 and [line for line, _ in summary.skipped] == [2, 3, 4]
+    rows = read(out)
+    assert len(rows) == 5                                                   # nothing dropped
+    assert [bool(r.get(ERROR_COLUMN)) for r in rows] == [False, True, True, True, False]
+    assert "'text'" in rows[2][ERROR_COLUMN] and "int" in rows[3][ERROR_COLUMN]
+    with pytest.raises(RowFailed, match=r"in\.jsonl:2: "):
+        run(engine, src, QUESTIONS, tmp_path / "stop.jsonl", state_field="text", on_error="stop", progress=False)
+
+
+def test_a_too_large_row_is_skipped_not_fatal(tokenizer, tmp_path):
+    small = Engine(make_backend(make_model("llama", len(tokenizer)), tokenizer), max_sequence_tokens=400)
+    src, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    write(src, [{"text": "Short."}, {"text": "refund " * 300}, {"text": "Also short."}])
+    summary = run(small, src, QUESTIONS, out, state_field="text", progress=False)
+    assert summary.answered == 2 and summary.skipped[0][0] == 3 and "RequestTooLarge" in summary.skipped[0][1]
+
+
+def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
+    """The command itself: Ctrl-C mid-job keeps the finished rows (exit 130), the rerun finishes the rest,
+    and the result is the uninterrupted run's."""
+    rows = [{"id": i, "text": TEXTS[i % len(TEXTS)] + f" ({i})"} for i in range(400)]
+    src = tmp_path / "in.jsonl"
+    write(src, rows)
+    (tmp_path / "q.json").write_text(json.dumps({k: q.model_dump(mode="json") for k, q in QUESTIONS.items()}))
+
+    def batch(out, **kw):
+        return subprocess.Popen([sys.executable, "-m", "prefill.cli", "batch", str(src), "--model", str(model_dir),
+                                 "--questions", f"@{tmp_path / 'q.json'}", "--out", str(out), "--state-field", "text",
+                                 "--batch-size", "2"], stderr=subprocess.PIPE, text=True, **kw)
+    whole = batch(tmp_path / "whole.parquet")
+    assert whole.wait(300) == 0, whole.stderr.read()
+    out = tmp_path / "out.parquet"
+    job = batch(out)
+    journal = tmp_path / "out.parquet.partial.jsonl"
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and journal.read_text().count("\n") > 5):
+        assert time.monotonic() < deadline and job.poll() is None, "the job ended before it could be interrupted"
+        time.sleep(0.01)
+    job.send_signal(signal.SIGINT)
+    assert job.wait(60) == 130 and "rerun the same command" in job.stderr.read()
+    assert not out.exists()
+    rerun = batch(out)
+    assert rerun.wait(300) == 0
+    err = rerun.stderr.read()
+    assert "continued after" in err and "rows answered" in err and "%" in err  # the summary and the progress bar
+    assert read(out) == read(tmp_path / "whole.parquet")
