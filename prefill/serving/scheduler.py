@@ -132,6 +132,7 @@ class Scheduler:
                 if job.engine is first.engine:
                     self._queue.remove(job)
                     batch.append(job)
+            self._running = len(batch)                       # out of the queue, still counted as in
         now = time.monotonic()
         live = []
         for job in batch:
