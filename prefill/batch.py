@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -168,9 +169,63 @@ class Journal:
         return f
 
 
-def run(engine: Engine, source: Path, questions: Mapping, out: Path, *, state_field: str | None = None,
-        on_error: str = "skip", batch_size: int = 16, progress: bool = True) -> Summary:
-    """Answer `questions` for every row of `source` into `out` (see the module's docstring)."""
+Group = list[tuple[int, int, Any]]   # (row index, line number, record), answered together
+
+
+def answer_group(engine: Engine, group: Group, questions: Mapping, state_field: str | None) -> list[dict]:
+    """A group's journal entries: each row with its answers, or with the reason it could not be answered."""
+    entries, asked, requests = [], [], []
+    for row, line, record in group:
+        try:
+            requests.append((state_of(record, state_field), questions, None))
+            asked.append((row, line, record))
+        except ValueError as e:
+            entries.append(_failed(row, line, record, e))
+    for (row, line, record), d in zip(asked, engine.decide_many(requests)):
+        entries.append(_failed(row, line, record, d) if isinstance(d, Exception) else
+                       {"row": row, "line": line, "record": {**record, **flatten(d.answers)}})
+    return sorted(entries, key=lambda e: e["row"])
+
+
+def _failed(row: int, line: int, record: Any, e: Exception) -> dict:
+    reason = f"{type(e).__name__}: {e}"
+    record = record if isinstance(record, dict) else {}
+    return {"row": row, "line": line, "error": reason, "record": {**record, ERROR_COLUMN: reason}}
+
+
+def groups(source: Path, done: Mapping[int, Any], batch_size: int) -> Iterator[Group]:
+    """The rows not done yet, `batch_size` readable rows a group; a row that cannot be read is a group of
+    its own (its record is the exception), so it never changes how the others are grouped."""
+    pending: Group = []
+    for row, (line, record) in enumerate(read_rows(source)):
+        if row in done:
+            continue
+        if isinstance(record, Exception):
+            yield [(row, line, record)]
+            continue
+        pending.append((row, line, record))
+        if len(pending) >= batch_size:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
+
+
+def answered_groups(engine: Engine, planned: Iterator[Group], questions: Mapping,
+                    state_field: str | None) -> Iterator[tuple[Group, list[dict]]]:
+    """Each group with its entries, in order, answered in this process."""
+    for group in planned:
+        if isinstance(group[0][2], Exception):
+            row, line, e = group[0]
+            yield group, [_failed(row, line, None, e)]
+        else:
+            yield group, answer_group(engine, group, questions, state_field)
+
+
+def run(engine: Engine | None, source: Path, questions: Mapping, out: Path, *, state_field: str | None = None,
+        on_error: str = "skip", batch_size: int = 16, progress: bool = True, answer=None) -> Summary:
+    """Answer `questions` for every row of `source` into `out` (see the module's docstring). `answer`
+    replaces answering here: a function of the planned groups yielding (group, entries) in order (ray_batch)."""
     from tqdm import tqdm
     file_format(out)
     if on_error not in ("skip", "stop"):
@@ -181,55 +236,23 @@ def run(engine: Engine, source: Path, questions: Mapping, out: Path, *, state_fi
     done = journal.done()
     summary = Summary(resumed_from=len(done), out=out)
     summary.skipped = [(e["line"], e["error"]) for e in done.values() if "error" in e]
+    answer = answer or (lambda planned: answered_groups(engine, planned, questions, state_field))
     bar = tqdm(total=count_rows(source), initial=len(done), unit="row", desc=f"prefill batch {source.name}",
                disable=not progress, dynamic_ncols=True)
     with journal.open() as log, bar:
-        pending: list[tuple[int, int, dict]] = []
-
-        def flush() -> None:
-            states, keep = [], []
-            for row, line, record in pending:
-                try:
-                    states.append((state_of(record, state_field), questions, None))
-                    keep.append((row, line, record))
-                except ValueError as e:
-                    failed(row, line, record, e)
-            for (row, line, record), d in zip(keep, engine.decide_many(states)):
-                if isinstance(d, Exception):
-                    failed(row, line, record, d)
-                else:
-                    write({"row": row, "line": line, "record": {**record, **flatten(d.answers)}})
-                    summary.answered += 1
+        for group, entries in answer(groups(source, done, batch_size)):
+            failures = [e for e in entries if "error" in e]
+            if failures and on_error == "stop":
+                first = failures[0]
+                raise RowFailed(f"{source}:{first['line']}: {first['error']} (--on-error skip would record it and go on)")
+            for e in failures:
+                bar.write(f"{source}:{e['line']}: skipped: {e['error']}")
+                summary.skipped.append((e["line"], e["error"]))
+            summary.answered += len(entries) - len(failures)
+            log.write("".join(json.dumps(e, ensure_ascii=False, default=str) + "\n" for e in entries))
             log.flush()
             os.fsync(log.fileno())
-            bar.update(len(pending))
-            pending.clear()
-
-        def failed(row: int, line: int, record: Any, e: Exception) -> None:
-            reason = f"{type(e).__name__}: {e}"
-            if on_error == "stop":
-                log.flush()
-                raise RowFailed(f"{source}:{line}: {reason} (--on-error skip would record it and go on)")
-            bar.write(f"{source}:{line}: skipped: {reason}")
-            record = record if isinstance(record, dict) else {}
-            write({"row": row, "line": line, "error": reason, "record": {**record, ERROR_COLUMN: reason}})
-            summary.skipped.append((line, reason))
-
-        def write(entry: dict) -> None:
-            log.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
-
-        for row, (line, record) in enumerate(read_rows(source)):
-            if row in done:
-                continue
-            if isinstance(record, Exception):
-                failed(row, line, None, record)
-                bar.update(1)
-                continue
-            pending.append((row, line, record))
-            if len(pending) >= batch_size:
-                flush()
-        if pending:
-            flush()
+            bar.update(len(group))
     write_out(out, [e["record"] for _, e in sorted(journal.done().items())])
     journal.path.unlink()
     return summary
@@ -257,3 +280,52 @@ def write_out(out: Path, records: list[dict]) -> None:
         columns = list(dict.fromkeys(k for r in records for k in r))
         pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in records]), tmp)
     os.replace(tmp, out)
+
+
+def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, actors: int,
+                address: str | None = None):
+    """`run`'s `answer` on Ray Data: the groups are spread over `actors` engine actors (each one loads the
+    model once: `make_engine`, a picklable function), in order, so the journal, the resume and the output are
+    those of the single-process run (the groups are the same, so each answer is too). Local Ray, or the
+    cluster at `address`. The groups are planned on the driver first (the rows not done yet, in memory)."""
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data configures its logging: our bar
+    import ray                                             # says how far the job is
+
+    def answer(planned: Iterator[Group]) -> Iterator[tuple[Group, list[dict]]]:
+        planned = list(planned)
+        readable = [g for g in planned if not isinstance(g[0][2], Exception)]
+        if readable:
+            if not ray.is_initialized():
+                ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+            context = ray.data.DataContext.get_current()
+            context.execution_options.preserve_order = True
+            context.enable_progress_bars = False
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // actors)
+            wire = {k: q.model_dump(mode="json") for k, q in questions.items()}
+            items = [{"group": json.dumps(g, ensure_ascii=False, default=str)} for g in readable]
+            results = (ray.data.from_items(items)
+                       .map_batches(_RayAnswerer, batch_size=1, batch_format="pandas", concurrency=actors,
+                                    num_cpus=cpus, fn_constructor_args=(make_engine, wire, state_field, cpus))
+                       .iter_rows().__iter__())
+        for group in planned:
+            if isinstance(group[0][2], Exception):
+                row, line, e = group[0]
+                yield group, [_failed(row, line, None, e)]
+            else:
+                yield group, json.loads(next(results)["entries"])
+    return answer
+
+
+class _RayAnswerer:
+    """One engine per actor, answering one group per call."""
+
+    def __init__(self, make_engine, wire: dict, state_field: str | None, threads: int):
+        import torch
+        torch.set_num_threads(threads)
+        self.engine, self.questions, self.state_field = make_engine(), wire_questions(wire), state_field
+
+    def __call__(self, batch):
+        batch["entries"] = [json.dumps(answer_group(self.engine, [tuple(r) for r in json.loads(g)], self.questions,
+                                                    self.state_field), ensure_ascii=False, default=str)
+                            for g in batch["group"]]
+        return batch[["entries"]]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import sys
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--on-error", default="skip", choices=["skip", "stop"],
                     help="a row that cannot be answered: record it in prefill_error and go on, or stop (default skip)")
     bt.add_argument("--batch-size", type=int, default=16, help="rows run together in shared passes (default 16)")
+    bt.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                    help="spread the rows over engine actors with Ray Data: a local Ray, or the cluster at ADDRESS")
+    bt.add_argument("--ray-actors", type=int, default=2, help="with --ray: engine actors, each with its own model "
+                                                              "copy and an equal share of the CPUs (default 2)")
 
     ev = sub.add_parser("eval", help="evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG")
     model_options(ev)
@@ -459,17 +464,31 @@ def _ask(args) -> int:
     return 0
 
 
+def _engine(args):
+    """The engine the model options describe (picklable as functools.partial(_engine, args): Ray actors)."""
+    return _prefill(args).engine
+
+
 def _batch(args) -> int:
-    from .batch import BatchError, RowFailed, load_questions, run
+    from .batch import BatchError, RowFailed, load_questions, ray_answers, run
     from .loading import ModelNotFound
     source, out = Path(args.input), Path(args.out)
     try:
         if not source.exists():
             raise BatchError(f"{source}: no such file")
         questions = load_questions(_read(args.questions, as_json=True))
-        pf = _prefill(args)
-        summary = run(pf.engine, source, questions, out, state_field=args.state_field, on_error=args.on_error,
-                      batch_size=args.batch_size)
+        if args.ray:  # the engines load in the actors, not here
+            try:
+                import ray  # noqa: F401
+            except ImportError:
+                raise BatchError('--ray needs Ray: pip install "prefill[ray]"') from None
+            engine, answer = None, ray_answers(functools.partial(_engine, args), questions, args.state_field,
+                                               actors=args.ray_actors,
+                                               address=None if args.ray == "local" else args.ray)
+        else:
+            engine, answer = _prefill(args).engine, None
+        summary = run(engine, source, questions, out, state_field=args.state_field, on_error=args.on_error,
+                      batch_size=args.batch_size, answer=answer)
     except (BatchError, ModelNotFound, OSError, json.JSONDecodeError) as e:  # RowFailed: the job; the rest: usage
         print(f"prefill batch: {e}", file=sys.stderr)
         return 1 if isinstance(e, RowFailed) else 2

@@ -179,3 +179,31 @@ def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
     assert rerun.returncode == 0, err
     assert "continued after" in err and "rows answered" in err and "%" in err  # the summary and the progress bar
     assert read(out) == read(tmp_path / "whole.parquet")
+
+
+def test_ray_data_over_1000_records_equals_one_process_and_resumes(model_dir, tmp_path):  # noqa: F811
+    """`prefill batch --ray`: 1,000 records over two engine actors (a local Ray started by the command) give
+    the single-process output exactly, in order; and a job begun in one process is finished on Ray."""
+    from prefill.api import Prefill
+    rows = [{"id": i, "text": TEXTS[i % len(TEXTS)] + f" (order {i})"} for i in range(1000)]
+    rows[500] = {"id": 500}                                  # a bad row, reported the same way on both
+    src = tmp_path / "in.jsonl"
+    write(src, rows)
+    (tmp_path / "q.json").write_text(json.dumps({k: q.model_dump(mode="json") for k, q in QUESTIONS.items()}))
+
+    def batch(out, *extra):
+        run_ = subprocess.run([sys.executable, "-m", "prefill.cli", "batch", str(src), "--model", str(model_dir),
+                               "--questions", f"@{tmp_path / 'q.json'}", "--out", str(out), "--state-field", "text",
+                               *extra], capture_output=True, text=True, timeout=600)
+        assert run_.returncode == 0, run_.stderr[-3000:]
+        return run_.stderr
+    batch(tmp_path / "one.jsonl")
+    err = batch(tmp_path / "ray.jsonl", "--ray", "--ray-actors", "2")
+    assert "1 skipped (lines 501;" in err
+    assert read(tmp_path / "ray.jsonl") == read(tmp_path / "one.jsonl")
+    begun = tmp_path / "begun.jsonl"
+    with pytest.raises(KeyboardInterrupt):                   # 3 groups done in this process, then Ctrl-C
+        run(StopsAfter(Prefill(str(model_dir)).engine, n=4), src, QUESTIONS, begun, state_field="text",
+            progress=False)
+    assert "continued after 48 rows" in batch(begun, "--ray")
+    assert read(begun) == read(tmp_path / "one.jsonl")
