@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                             "(default %(default)s)")
     serve.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                        help="waiting requests run together in shared passes, at most this many (default %(default)s)")
+    serve.add_argument("--replicas", type=int, default=0,
+                       help="serve N engine replicas behind Ray Serve, requests about one state to one replica "
+                            '(pip install "prefill[ray]"; default: one process, no Ray)')
+    serve.add_argument("--ray-address", default=None, help="with --replicas: the Ray cluster to join (default: a local one)")
     serve.add_argument("--batching", default="on", choices=["on", "off"],
                        help="cross-request batching (default on; README 'Serving under load' has the measurement)")
 
@@ -398,7 +402,6 @@ def _serve(args) -> int:
     import uvicorn
 
     from .loading import ModelNotFound, resolve
-    from .serving.app import create_app
     try:
         base = resolve(args.model).name  # a wrong path or a missing default model fails now, not in the background
         _check_serve(args, base)
@@ -406,10 +409,26 @@ def _serve(args) -> int:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
-    app = create_app(lambda: _engines(args), api_keys=keys, max_queue=args.max_queue, max_wait_s=args.max_wait,
-                     max_batch=args.max_batch, batching=args.batching == "on")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    if args.replicas:
+        try:
+            from .serving import replicas
+        except ImportError:
+            print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
+            return 2
+        replicas.run(functools.partial(_app, args, keys, loaded=True), replicas=args.replicas, host=args.host,
+                     port=args.port, address=args.ray_address)
+        return 0
+    uvicorn.run(_app(args, keys), host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _app(args, keys: list[str], loaded: bool = False):
+    """`prefill serve`'s app: the engines load in the background (or here, `loaded`: a Ray Serve replica,
+    which is ready when its constructor returns)."""
+    from .serving.app import create_app
+    return create_app(_engines(args) if loaded else functools.partial(_engines, args), api_keys=keys,
+                      max_queue=args.max_queue, max_wait_s=args.max_wait, max_batch=args.max_batch,
+                      batching=args.batching == "on")
 
 
 def _check_serve(args, base: str) -> None:

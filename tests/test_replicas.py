@@ -1,0 +1,90 @@
+"""`prefill serve --replicas 2`: two engine replicas behind Ray Serve on a local Ray started by the command.
+Answers equal one process's; requests about one state go to one replica, distinct states spread over both;
+the HTTP contract (auth) is prefill's; a replica killed under load loses no request (each is answered, or
+refused with 503 + Retry-After, never left hanging) and the service goes on."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import sys
+import time
+
+import httpx
+import pytest
+
+from prefill.api import Prefill
+
+from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a directory
+from .test_serving_readouts import free_port, started
+
+QUESTIONS = {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+             "team": {"type": "choice", "instructions": "Which team?",
+                      "criteria": {"Billing": "invoices", "Technical": None, "Shipping": "parcels"}}}
+KEY = {"Authorization": "Bearer k1"}
+
+
+def ask(url: str, state: str) -> httpx.Response:
+    return httpx.post(url + "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": QUESTIONS},
+                      headers=KEY, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def replicated(model_dir):  # noqa: F811
+    port = free_port()
+    cmd = [sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--replicas", "2",
+           "--port", str(port), "--api-key", "k1"]
+    with started(cmd, port, "/health", within=240) as url:
+        yield url
+
+
+def test_replicas_answer_as_one_process_with_state_affinity(replicated, model_dir):  # noqa: F811
+    one = Prefill(str(model_dir)).engine
+    states = [f"Ticket {i}: I was charged twice and want my money back." for i in range(16)]
+    with cf.ThreadPoolExecutor(8) as pool:                                       # concurrent clients
+        burst = list(pool.map(lambda s: ask(replicated, s), states))
+    assert all(r.status_code == 200 for r in burst)
+    assert len({r.headers["x-prefill-replica"] for r in burst}) == 2           # spread over both
+    first = [ask(replicated, s) for s in states]
+    again = [ask(replicated, s) for s in states]
+    for state, r, r2 in zip(states, first, again):
+        assert r.status_code == 200 and r2.status_code == 200
+        assert r.headers["x-prefill-replica"] == r2.headers["x-prefill-replica"]   # the state's replica
+        alone = {k: a.model_dump(mode="json") for k, a in one.ask(state, _questions())[0].items()}
+        got = r2.json()["answers"]
+        assert abs(got["refund"]["noul"] - alone["refund"]["noul"]) <= 1e-6
+        assert got["team"]["choice"] == alone["team"]["choice"]
+        for name, p in alone["team"]["probabilities"].items():
+            assert abs(got["team"]["probabilities"][name] - p) <= 1e-6
+    assert len({r.headers["x-prefill-replica"] for r in first}) == 2           # distinct states spread
+    assert httpx.post(replicated + "/v1/systemone", json={}, timeout=30).status_code == 401   # prefill's auth
+
+
+def _questions():
+    from prefill.schema import wire_questions
+    return wire_questions(QUESTIONS)
+
+
+def test_a_replica_killed_under_load_loses_no_request(replicated):
+    victim = int(ask(replicated, "Ticket 0: I was charged twice and want my money back.").headers["x-prefill-replica-pid"])
+    stop = time.monotonic() + 8
+    outcomes: list[tuple[int, str]] = []
+
+    def client(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            try:
+                r = ask(replicated, f"Load {i}-{n}: where is my parcel?")
+                outcomes.append((r.status_code, r.headers.get("retry-after", "")))
+            except httpx.HTTPError as e:
+                outcomes.append((-1, type(e).__name__))
+            n += 1
+    with cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(client, i) for i in range(8)]
+        time.sleep(2)
+        os.kill(victim, signal.SIGKILL)
+        for f in futures:
+            f.result(timeout=120)                                                # nobody hangs
+    assert outcomes and all(s == 200 or (s == 503 and retry) for s, retry in outcomes), \
+        sorted({s for s, _ in outcomes})
+    assert ask(replicated, "After the kill: my parcel is late.").status_code == 200
