@@ -159,7 +159,10 @@ def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
     def batch(out, **kw):
         return subprocess.Popen([sys.executable, "-m", "prefill.cli", "batch", str(src), "--model", str(model_dir),
                                  "--questions", f"@{tmp_path / 'q.json'}", "--out", str(out), "--state-field", "text",
-                                 "--batch-size", "1"], stderr=subprocess.PIPE, text=True, **kw)
+                                 "--batch-size", "1"], stderr=subprocess.PIPE, text=True,
+                                # a background job (CI) ignores SIGINT, and so would its children: a terminal's
+                                # Ctrl-C is what this test plays, so the job gets the default handling back
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
     whole = batch(tmp_path / "whole.parquet")
     _, err = whole.communicate(timeout=300)   # communicate, not wait: the progress bar must not fill the pipe
     assert whole.returncode == 0, err
