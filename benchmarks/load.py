@@ -18,6 +18,7 @@ state cache does not make the load easier than real traffic.
 
     python -m benchmarks.load --out out/load.json                        # the README tables (~7 min)
     python -m benchmarks.load --seconds 5 --repeats 1 --concurrency 1,4 --sustain 10 --overload-seconds 10 --batching on
+    python -m benchmarks.load --batching on --against "--replicas 2" --sustain 0 --overload-seconds 0  # Ray Serve
 """
 from __future__ import annotations
 
@@ -220,16 +221,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--overload", type=float, default=4.0, help="open-loop arrival rate, times the capacity")
     p.add_argument("--overload-seconds", type=float, default=60, help="(0: skip)")
     p.add_argument("--serve-args", default="", help="further `prefill serve` options, e.g. '--max-queue 8'")
+    p.add_argument("--against", default=None, help="also measure `prefill serve AGAINST` (e.g. '--replicas 2'), "
+                                                  "as the setting 'against', interleaved with the others")
     p.add_argument("--out", default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = ["on", "off"] if args.batching == "both" else [args.batching]
+    if args.against:
+        modes.append("against")
     report: dict = {"model": args.model or "default", "cpus": os.cpu_count(), "throughput": []}
     with contextlib.ExitStack() as stack:
         servers = {}
         for mode in modes:  # all up at once; only one is ever under load, so they do not slow each other
             say(f"starting prefill serve (batching {mode})")
-            servers[mode] = stack.enter_context(server(args.model, "--batching", mode, *args.serve_args.split()))
+            extra = args.against.split() if mode == "against" else ["--batching", mode]
+            servers[mode] = stack.enter_context(server(args.model, *extra, *args.serve_args.split()))
             asyncio.run(closed_loop(servers[mode][0], 1, 0.1))  # warm-up: the first request pays one-off costs
         for n in levels:
             pooled = {mode: Results() for mode in modes}
