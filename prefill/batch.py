@@ -215,11 +215,13 @@ def answered_groups(engine: Engine, planned: Iterator[Group], questions: Mapping
                     state_field: str | None) -> Iterator[tuple[Group, list[dict]]]:
     """Each group with its entries, in order, answered in this process."""
     for group in planned:
-        if isinstance(group[0][2], Exception):
-            row, line, e = group[0]
-            yield group, [_failed(row, line, None, e)]
-        else:
-            yield group, answer_group(engine, group, questions, state_field)
+        yield group, unreadable(group) or answer_group(engine, group, questions, state_field)
+
+
+def unreadable(group: Group) -> list[dict] | None:
+    """The entry of a row that could not be read (`groups` yields it alone), else None."""
+    row, line, record = group[0]
+    return [_failed(row, line, None, record)] if isinstance(record, Exception) else None
 
 
 def run(engine: Engine | None, source: Path, questions: Mapping, out: Path, *, state_field: str | None = None,
@@ -293,7 +295,7 @@ def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, act
 
     def answer(planned: Iterator[Group]) -> Iterator[tuple[Group, list[dict]]]:
         planned = list(planned)
-        readable = [g for g in planned if not isinstance(g[0][2], Exception)]
+        readable = [g for g in planned if not unreadable(g)]
         if readable:
             if not ray.is_initialized():
                 ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
@@ -308,11 +310,7 @@ def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, act
                                     num_cpus=cpus, fn_constructor_args=(make_engine, wire, state_field, cpus))
                        .iter_rows().__iter__())
         for group in planned:
-            if isinstance(group[0][2], Exception):
-                row, line, e = group[0]
-                yield group, [_failed(row, line, None, e)]
-            else:
-                yield group, json.loads(next(results)["entries"])
+            yield group, unreadable(group) or json.loads(next(results)["entries"])
     return answer
 
 

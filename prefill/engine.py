@@ -140,10 +140,7 @@ class Engine:
 
     def decide(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
                reference_date: dt.date | None = None) -> Decision:
-        found = self.score_many([(state, questions, reference_date)])[0]
-        if isinstance(found, Exception):
-            raise found
-        return self.conclude(state, questions, reference_date, found)
+        return self.conclude(state, questions, reference_date, self._score_one(state, questions, reference_date))
 
     def decide_many(self, requests: Sequence[Request]) -> list[Decision | Exception]:
         """`decide` for several independent requests (state, questions, reference date), their model work
@@ -178,10 +175,15 @@ class Engine:
                       reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
         """Each question's distribution over its declared answers (in declared order, noul: yes, no), the
         tokens the model read, and the questions a shallow readout answered."""
+        found = self._score_one(state, questions, reference_date)
+        return found.probs, found.n_tokens, found.early_exit
+
+    def _score_one(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
+                   reference_date: dt.date | None) -> Scored:
         found = self.score_many([(state, questions, reference_date)])[0]
         if isinstance(found, Exception):
             raise found
-        return found.probs, found.n_tokens, found.early_exit
+        return found
 
     def score_many(self, requests: Sequence[Request]) -> list[Scored | Exception]:
         """The model's part of `decide_many`: each request's distributions, before any fallback. The

@@ -18,6 +18,7 @@ import torch
 import uvicorn
 from fastapi.testclient import TestClient
 
+from benchmarks.load import free_port
 from prefill.api import Prefill
 from prefill.engine import Engine, choice_confidence
 from prefill.fallback import UNSCORED_MASS, ChatFallback, SystemOneFallback, answer_probability, parse_answer
@@ -129,12 +130,6 @@ def test_serve_refuses_a_lora_among_readouts_at_start_up(tmp_path, tokenizer, he
 
 
 # ---------------------------------------------------------------- fallbacks over HTTP
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @contextlib.contextmanager
 def serving(app):

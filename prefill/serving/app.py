@@ -29,7 +29,7 @@ from ..engine import Engine, RequestTooLarge
 from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
 from .scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S, DeadlineExceeded, Job, Overloaded,
                         Scheduler, wait_time)
-from .telemetry import PROMETHEUS_TEXT, Telemetry
+from .telemetry import PROMETHEUS_TEXT, CountRequests, Telemetry
 
 log = logging.getLogger("prefill.serving")
 ALIASES = ("jev-latest", "jev-preview")
@@ -217,7 +217,7 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
             gone.cancel()
 
     app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
-    app.add_middleware(_Counted, telemetry=telemetry)
+    app.add_middleware(CountRequests, telemetry=telemetry)
     return app
 
 
@@ -229,16 +229,6 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client has closed the connection (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-class _Counted:
-    """Starlette middleware form of Telemetry.middleware: every response counted and timed."""
-
-    def __init__(self, app, telemetry: Telemetry):
-        self.app = telemetry.middleware(app)
-
-    async def __call__(self, scope, receive, send):
-        return await self.app(scope, receive, send)
 
 
 class _DecodeBody:

@@ -54,24 +54,28 @@ class Telemetry:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def middleware(self, app):
-        """The app, with every HTTP response counted and timed."""
-        async def counted(scope, receive, send):
-            if scope["type"] != "http":
-                return await app(scope, receive, send)
-            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
-            start, status = time.perf_counter(), [500]
 
-            async def send_counted(message):
-                if message["type"] == "http.response.start":
-                    status[0] = message["status"]
-                await send(message)
-            try:
-                await app(scope, receive, send_counted)
-            finally:
-                self.requests.labels(endpoint, str(status[0])).inc()
-                self.latency.labels(endpoint).observe(time.perf_counter() - start)
-        return counted
+class CountRequests:
+    """ASGI middleware: every HTTP response counted by endpoint and status, and timed."""
+
+    def __init__(self, app, telemetry: Telemetry):
+        self.app, self.telemetry = app, telemetry
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+        start, status = time.perf_counter(), [500]
+
+        async def send_counted(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.telemetry.requests.labels(endpoint, str(status[0])).inc()
+            self.telemetry.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
 class _BackendCollector:
