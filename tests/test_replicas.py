@@ -88,3 +88,23 @@ def test_a_replica_killed_under_load_loses_no_request(replicated):
     assert outcomes and all(s == 200 or (s == 503 and retry) for s, retry in outcomes), \
         sorted({s for s, _ in outcomes})
     assert ask(replicated, "After the kill: my parcel is late.").status_code == 200
+
+
+def test_replica_bounds_become_fixed_or_autoscaled_deployments():
+    from prefill.serving.replicas import replica_options
+    fixed = replica_options(2, None, cpus=4, max_ongoing_requests=16, target_ongoing_requests=8)
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 2}
+    scaled = replica_options(1, 4, cpus=4, max_ongoing_requests=16, target_ongoing_requests=8)
+    assert "num_replicas" not in scaled
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 4,
+                                            "target_ongoing_requests": 8}
+    assert scaled["ray_actor_options"] == {"num_cpus": 1}  # room for all four
+    assert "StateAffinityRouter" in str(scaled["request_router_config"].request_router_class)
+
+
+@pytest.mark.parametrize("flags", [["--max-replicas", "2"], ["--replicas", "3", "--max-replicas", "2"]])
+def test_bad_replica_bounds_are_refused_at_start(flags, model_dir, capsys):  # noqa: F811
+    from prefill.cli import main
+    assert main(["serve", "--model", str(model_dir), *flags]) == 2
+    assert "--max-replicas" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""`prefill serve --replicas N`: N engine replicas behind Ray Serve, with state affinity.
+"""`prefill serve --replicas N [--max-replicas M]`: N engine replicas behind Ray Serve (autoscaled up to
+M), with state affinity.
 
 Each replica is a whole prefill server in a Ray actor (the same app as `prefill serve`: auth, validation,
 its own bounded queue and batching, its own state cache), reached in-process through its ASGI app. In
@@ -111,21 +112,35 @@ def affinity(body: bytes, encoding: str) -> str:
     return hashlib.sha256(json.dumps(state, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def run(build, *, replicas: int, host: str, port: int, address: str | None = None,
-        max_ongoing_requests: int = 16) -> None:
+def replica_options(replicas: int, max_replicas: int | None, cpus: float, max_ongoing_requests: int,
+                    target_ongoing_requests: int) -> dict:
+    """The replica deployment's Ray Serve options: `replicas` fixed, or with `max_replicas` autoscaled
+    between the two on ongoing requests per replica (Ray Serve's autoscaler: above the target for a while,
+    one more replica; below it, one fewer, never under `replicas`). Each replica gets the CPUs it would have
+    at the most replicas, so scaling up never waits for CPUs that a running replica holds."""
+    top = max(replicas, max_replicas or replicas)
+    options = {"max_ongoing_requests": max_ongoing_requests, "ray_actor_options": {"num_cpus": cpus / top},
+               "request_router_config": RequestRouterConfig(request_router_class=StateAffinityRouter)}
+    if top == replicas:
+        return {**options, "num_replicas": replicas}
+    return {**options, "autoscaling_config": {"min_replicas": replicas, "initial_replicas": replicas,
+                                              "max_replicas": top, "target_ongoing_requests": target_ongoing_requests}}
+
+
+def run(build, *, replicas: int, host: str, port: int, address: str | None = None, max_replicas: int | None = None,
+        max_ongoing_requests: int = 16, target_ongoing_requests: int = 8) -> None:
     """Start (or join, at `address`) a Ray cluster, deploy the ingress and `replicas` replicas of
-    `build()`, and serve on host:port until interrupted."""
+    `build()` (autoscaled up to `max_replicas`), and serve on host:port until interrupted."""
     import ray
     # Serve skips a replica that does not say how busy it is within 0.1 s (its default) and routes to the
     # next one: on a loaded 2-core machine that broke the state affinity for most requests; 1 s keeps it.
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
-    cpus = ray.cluster_resources().get("CPU", 1) / replicas
+    options = replica_options(replicas, max_replicas, ray.cluster_resources().get("CPU", 1), max_ongoing_requests,
+                              target_ongoing_requests)
     serve.start(http_options={"host": host, "port": port})
-    replica = serve.deployment(Replica, name="prefill-replica").options(
-        num_replicas=replicas, max_ongoing_requests=max_ongoing_requests, ray_actor_options={"num_cpus": cpus},
-        request_router_config=RequestRouterConfig(request_router_class=StateAffinityRouter))
+    replica = serve.deployment(Replica, name="prefill-replica").options(**options)
     ingress = serve.deployment(Ingress, name="prefill-ingress").options(ray_actor_options={"num_cpus": 0})
-    serve.run(ingress.bind(replica.bind(build, max(1, int(cpus))), replicas), name="prefill", route_prefix="/",
-              blocking=True)
+    threads = max(1, int(options["ray_actor_options"]["num_cpus"]))
+    serve.run(ingress.bind(replica.bind(build, threads), replicas), name="prefill", route_prefix="/", blocking=True)
