@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -60,8 +61,15 @@ def vllm_url():
         if os.environ.get("PREFILL_REQUIRE_VLLM"):
             pytest.fail(f"{VLLM_PYTHON} is missing: make vllm-setup")
         pytest.skip("no vLLM venv (make vllm-setup)")
-    with server(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, _):
+    with server(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, pid):
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
         yield url
+    # Stopped with SIGTERM, the server takes vLLM's engine core (a child process) with it: an orphaned core
+    # and its worker were seen spinning on two cores after the server had gone.
+    deadline = time.monotonic() + 60
+    while (alive := [c for c in children if Path(f"/proc/{c}").exists()]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert children and not alive, f"vLLM processes outlived the server: {alive}"
 
 
 def ask(url: str, state: str, questions: dict) -> dict:

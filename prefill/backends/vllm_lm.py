@@ -25,6 +25,7 @@ prefixes) because sequences scheduled in the same step cannot hit blocks that st
 """
 from __future__ import annotations
 
+import atexit
 import os
 import uuid
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ class VLLMBackend:
                  score_words: str = DEFAULT_SCORE_WORDS, fingerprint: str = "", max_model_len: int | None = None,
                  block_size: int | None = None, llm_options: dict | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KV_CACHE_GIB))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are about tuning, not us
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -68,11 +69,18 @@ class VLLMBackend:
                        # means shorter recomputed tails (vLLM's CPU default is 128).
                        block_size=block_size or (32 if cpu else None))
         self.llm = LLM(**{k: v for k, v in {**options, **(llm_options or {})}.items() if v is not None})
+        # vLLM's engine core is a child process that outlives this one unless told to stop (seen: after
+        # `prefill serve` ended on SIGTERM, the orphaned core and worker kept two cores half busy).
+        atexit.register(self.close)
         self.max_context = self.llm.llm_engine.model_config.max_model_len
         self.forward_calls = 0   # calls into vLLM (each a set of sequences it schedules as it likes)
         self.sequences_run = 0   # sequences sent
         self.tokens_run = 0      # tokens vLLM computed for them (prompt tokens not found in its prefix cache)
         self.stale_reruns = 0    # outputs whose cache hit reached the row read, run again (expected: 0)
+
+    def close(self) -> None:
+        """Stop vLLM's engine core and its workers (idempotent)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     @property
     def depth(self) -> int:

@@ -109,6 +109,14 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
     app.state.scheduler = scheduler
     app.router.on_shutdown.append(scheduler.close)
 
+    def close_backends() -> None:
+        """Backends that hold processes (vLLM's engine core) stop with the server: uvicorn ends a SIGTERM'd
+        process by re-raising the signal, so atexit never runs and the children would be orphaned."""
+        for backend in {id(e.backend): e.backend for e in slot.engine.engines.values()}.values() if slot.engine else ():
+            if hasattr(backend, "close"):
+                backend.close()
+    app.router.on_shutdown.append(close_backends)
+
     if not callable(engine):
         slot.engine = Served.of(engine)
     else:
