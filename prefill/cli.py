@@ -234,9 +234,6 @@ def _check_vllm(args) -> None:
         _usage_error(f"--readout with --backend vllm: {NO_READOUTS}")
     if getattr(args, "generate", False):
         _usage_error("eval --generate needs the torch backend")
-    if getattr(args, "ray", None) or getattr(args, "replicas", 0):
-        _usage_error("--backend vllm runs in one process (vLLM batches inside it); --ray and --replicas need "
-                     "the torch backend for now")
     if importlib.util.find_spec("vllm") is None:
         _usage_error("--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
                      "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec")

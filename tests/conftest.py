@@ -40,10 +40,12 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def make_model(kind: str, vocab: int, seed: int = 0):
+def make_model(kind: str, vocab: int, seed: int = 0, **config):
+    """`config`: overrides, e.g. num_attention_heads=2 for head_dim 32 (vLLM's CPU kernels take no 16)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=16384, initializer_range=0.3, tie_word_embeddings=False)
+    common.update(config)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:

@@ -1,4 +1,5 @@
-"""`prefill serve --replicas 2`: two engine replicas behind Ray Serve on a local Ray started by the command.
+"""`prefill serve --replicas 2`: two engine replicas behind Ray Serve on a local Ray started by the command,
+with the torch backend and with the vLLM backend.
 Answers equal one process's; requests about one state go to one replica, distinct states spread over both;
 the HTTP contract (auth) is prefill's; a replica killed under load loses no request (each is answered, or
 refused with 503 + Retry-After, never left hanging) and the service goes on."""
@@ -15,8 +16,10 @@ import pytest
 
 from prefill.api import Prefill
 
+from .conftest import make_model
 from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a directory
 from .test_serving_readouts import free_port, started
+from .test_vllm import VLLM_PYTHON
 
 QUESTIONS = {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
              "team": {"type": "choice", "instructions": "Which team?",
@@ -29,17 +32,30 @@ def ask(url: str, state: str) -> httpx.Response:
                       headers=KEY, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def replicated(model_dir):  # noqa: F811
+@pytest.fixture(scope="module", params=["torch", "vllm"])
+def replicated(request, tmp_path_factory, tokenizer):
+    """(url, the served model's directory, how close its answers are to one torch process's). The vLLM
+    replicas run from the vLLM venv, on a tiny model with 32-wide heads (vLLM's CPU kernels take no 16)."""
+    if request.param == "torch":
+        directory, python, tol = request.getfixturevalue("model_dir"), sys.executable, 1e-6
+    else:
+        if not VLLM_PYTHON.exists():
+            if os.environ.get("PREFILL_REQUIRE_VLLM"):
+                pytest.fail(f"{VLLM_PYTHON} is missing: make vllm-setup")
+            pytest.skip("no vLLM venv (make vllm-setup)")
+        directory, python, tol = tmp_path_factory.mktemp("tiny-vllm"), str(VLLM_PYTHON), 1e-4
+        make_model("llama", len(tokenizer), num_attention_heads=2, num_key_value_heads=1).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
     port = free_port()
-    cmd = [sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--replicas", "2",
-           "--port", str(port), "--api-key", "k1"]
-    with started(cmd, port, "/health", within=240) as url:
-        yield url
+    cmd = [python, "-m", "prefill.cli", "serve", "--model", str(directory), "--replicas", "2", "--backend",
+           request.param, "--port", str(port), "--api-key", "k1"]
+    with started(cmd, port, "/health", within=300) as url:
+        yield url, directory, tol
 
 
-def test_replicas_answer_as_one_process_with_state_affinity(replicated, model_dir):  # noqa: F811
-    one = Prefill(str(model_dir)).engine
+def test_replicas_answer_as_one_process_with_state_affinity(replicated):
+    replicated, directory, tol = replicated
+    one = Prefill(str(directory)).engine
     states = [f"Ticket {i}: I was charged twice and want my money back." for i in range(16)]
     with cf.ThreadPoolExecutor(8) as pool:                                       # concurrent clients
         burst = list(pool.map(lambda s: ask(replicated, s), states))
@@ -52,10 +68,10 @@ def test_replicas_answer_as_one_process_with_state_affinity(replicated, model_di
         assert r.headers["x-prefill-replica"] == r2.headers["x-prefill-replica"]   # the state's replica
         alone = {k: a.model_dump(mode="json") for k, a in one.ask(state, _questions())[0].items()}
         got = r2.json()["answers"]
-        assert abs(got["refund"]["noul"] - alone["refund"]["noul"]) <= 1e-6
+        assert abs(got["refund"]["noul"] - alone["refund"]["noul"]) <= tol
         assert got["team"]["choice"] == alone["team"]["choice"]
         for name, p in alone["team"]["probabilities"].items():
-            assert abs(got["team"]["probabilities"][name] - p) <= 1e-6
+            assert abs(got["team"]["probabilities"][name] - p) <= tol
     assert len({r.headers["x-prefill-replica"] for r in first}) == 2           # distinct states spread
     assert httpx.post(replicated + "/v1/systemone", json={}, timeout=30).status_code == 401   # prefill's auth
 
@@ -66,6 +82,7 @@ def _questions():
 
 
 def test_a_replica_killed_under_load_loses_no_request(replicated):
+    replicated, _, _ = replicated
     victim = int(ask(replicated, "Ticket 0: I was charged twice and want my money back.").headers["x-prefill-replica-pid"])
     stop = time.monotonic() + 8
     outcomes: list[tuple[int, str]] = []
@@ -108,3 +125,9 @@ def test_bad_replica_bounds_are_refused_at_start(flags, model_dir, capsys):  # n
     from prefill.cli import main
     assert main(["serve", "--model", str(model_dir), *flags]) == 2
     assert "--max-replicas" in capsys.readouterr().err
+
+
+def test_replicas_take_one_gpu_each_where_the_cluster_has_gpus():
+    from prefill.serving.replicas import replica_options
+    assert replica_options(2, None, cpus=8, max_ongoing_requests=16, target_ongoing_requests=8,
+                           gpus=2)["ray_actor_options"] == {"num_cpus": 4, "num_gpus": 1}

@@ -147,10 +147,34 @@ def test_the_trap_is_real_and_the_backend_avoids_it():
     assert out["warm_tokens"] < out["cold_tokens"]     # and the warm run did read the prefix cache
 
 
+def test_a_killed_host_takes_vllm_with_it():
+    """SIGKILL leaves no time to stop vLLM's engine core: the backend's watcher process stops it (and the core's
+    workers follow) once the host is gone."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vLLM venv (make vllm-setup)")
+    host = subprocess.Popen([str(VLLM_PYTHON), "-c", "from prefill.api import Prefill; import time; "
+                             "Prefill('smollm2-135m-instruct', backend='vllm'); print('up', flush=True); time.sleep(900)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        tree = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout.split()[2:]
+        parents = dict(zip(map(int, tree[::2]), map(int, tree[1::2])))
+        core = [pid for pid, ppid in parents.items() if ppid == host.pid]
+        workers = [pid for pid, ppid in parents.items() if ppid in core]
+        assert core and workers
+    finally:
+        host.kill()
+        host.wait()
+    deadline = time.monotonic() + 60
+    while (alive := [p for p in core + workers if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not alive, f"vLLM processes outlived their killed host: {alive}"
+
+
 @pytest.mark.parametrize("argv, reason", [
     (["train", "x.jsonl", "--out", "o", "--backend", "vllm"], "needs the torch backend"),
     (["serve", "--backend", "vllm", "--readout", "heads"], "hidden states"),
-    (["batch", "in.jsonl", "--questions", "{}", "--out", "o.jsonl", "--backend", "vllm", "--ray"], "--ray")])
+    (["eval", "data.jsonl", "--generate", "--backend", "vllm"], "needs the torch backend")])
 def test_what_vllm_cannot_do_is_refused_at_once(argv, reason, capsys):
     from prefill.cli import main
     with pytest.raises(SystemExit) as e:

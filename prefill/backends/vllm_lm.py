@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +41,37 @@ NO_READOUTS = ("trained readouts read the model's hidden states, which vLLM does
 # model loaded (tests, benchmarks) does not fit in 24 GiB. 2 GiB holds ~85k tokens of Qwen2.5-0.5B in fp32.
 DEFAULT_CPU_KV_CACHE_GIB = 2
 WAVE_SEQUENCES = 1024  # sequences handed to vLLM per call: bounds the token-id lists held at once
+
+
+# Run as `python -c _REAPER PARENT PID...`: once PARENT is gone, SIGTERM the PIDs, SIGKILL what is left after
+# 10 s; once the PIDs are gone by themselves, just exit. Only the standard library, so it costs ~10 MB.
+_REAPER = """
+import os, signal, sys, time
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+parent, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+while alive(parent) and any(map(alive, pids)):
+    time.sleep(1)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid in filter(alive, pids):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + 10
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+"""
+
+
+def _children() -> set[int]:
+    """This process's child processes now."""
+    me = os.getpid()
+    out = set()
+    for task in Path(f"/proc/{me}/task").iterdir():
+        out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
 
 
 class VLLMBackend:
@@ -68,11 +101,20 @@ class VLLMBackend:
                        # 32: the CPU attention kernels want multiples of 32 (16 fails there); a smaller block
                        # means shorter recomputed tails (vLLM's CPU default is 128).
                        block_size=block_size or (32 if cpu else None))
+        before = _children()
         self.llm = LLM(**{k: v for k, v in {**options, **(llm_options or {})}.items() if v is not None})
         # vLLM's engine core is a child process that outlives this one unless told to stop (seen: after
-        # `prefill serve` ended on SIGTERM, the orphaned core and worker kept two cores half busy).
+        # `prefill serve` ended on SIGTERM, the orphaned core and its worker kept two cores half busy). A
+        # normal exit stops it (atexit; the server's shutdown calls close()); a killed process cannot, so a
+        # tiny watcher process stops the core when this process is gone (the core's workers follow it).
         atexit.register(self.close)
+        subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, _children() - before)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
         self.max_context = self.llm.llm_engine.model_config.max_model_len
+        # One token through the model now: a configuration vLLM's kernels cannot run (a CPU takes no 16-wide
+        # attention heads, say) fails at start-up rather than on the first request.
+        self.llm.generate([self._prompt([0])], self._params(()), use_tqdm=False)
         self.forward_calls = 0   # calls into vLLM (each a set of sequences it schedules as it likes)
         self.sequences_run = 0   # sequences sent
         self.tokens_run = 0      # tokens vLLM computed for them (prompt tokens not found in its prefix cache)
@@ -119,15 +161,10 @@ class VLLMBackend:
     def _run(self, sequences: list[tuple[list[int], tuple[int, ...]]]) -> list[dict[int, float]]:
         """For each (token ids, wanted next tokens): the wanted tokens' log-probabilities after the sequence,
         from the logits of its last position (an empty wish list just runs it, to fill the prefix cache)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         if not sequences:
             return []
-        params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                 logprob_token_ids=list(wanted) if wanted else None) for _, wanted in sequences]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in sequences], params,
-                                    use_tqdm=False)
+        params = [self._params(wanted) for _, wanted in sequences]
+        outputs = self.llm.generate([self._prompt(ids) for ids, _ in sequences], params, use_tqdm=False)
         self.forward_calls += 1
         self.sequences_run += len(sequences)
         out: list[dict[int, float]] = []
@@ -135,10 +172,23 @@ class VLLMBackend:
             cached = o.num_cached_tokens or 0
             if wanted and cached >= len(ids):  # the row read was not computed: never trust it
                 self.stale_reruns += 1
-                o = self.llm.generate([TokensPrompt(prompt_token_ids=ids, cache_salt=uuid.uuid4().hex)],
-                                      [params[len(out)]], use_tqdm=False)[0]
+                o = self.llm.generate([self._prompt(ids, cache_salt=uuid.uuid4().hex)], [params[len(out)]],
+                                      use_tqdm=False)[0]
                 cached = o.num_cached_tokens or 0
             self.tokens_run += len(ids) - cached
             row = o.outputs[0].logprobs[0] if wanted else {}
             out.append({t: row[t].logprob for t in wanted})
         return out
+
+    @staticmethod
+    def _prompt(ids: list[int], **extra):
+        from vllm.inputs import TokensPrompt
+        return TokensPrompt(prompt_token_ids=ids, **extra)
+
+    @staticmethod
+    def _params(wanted: tuple[int, ...]):
+        """One sampling step (greedy, nothing generated past it) with the wanted tokens' log-probabilities
+        from the raw logits of the sequence's last position."""
+        from vllm import SamplingParams
+        return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                              logprob_token_ids=list(wanted) if wanted else None)

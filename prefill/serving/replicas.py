@@ -113,13 +113,15 @@ def affinity(body: bytes, encoding: str) -> str:
 
 
 def replica_options(replicas: int, max_replicas: int | None, cpus: float, max_ongoing_requests: int,
-                    target_ongoing_requests: int) -> dict:
+                    target_ongoing_requests: int, gpus: float = 0) -> dict:
     """The replica deployment's Ray Serve options: `replicas` fixed, or with `max_replicas` autoscaled
     between the two on ongoing requests per replica (Ray Serve's autoscaler: above the target for a while,
     one more replica; below it, one fewer, never under `replicas`). Each replica gets the CPUs it would have
-    at the most replicas, so scaling up never waits for CPUs that a running replica holds."""
+    at the most replicas, so scaling up never waits for CPUs that a running replica holds; on a cluster with
+    GPUs, one GPU each (not tried here: no GPU)."""
     top = max(replicas, max_replicas or replicas)
-    options = {"max_ongoing_requests": max_ongoing_requests, "ray_actor_options": {"num_cpus": cpus / top},
+    actor = {"num_cpus": cpus / top, **({"num_gpus": 1} if gpus else {})}
+    options = {"max_ongoing_requests": max_ongoing_requests, "ray_actor_options": actor,
                "request_router_config": RequestRouterConfig(request_router_class=StateAffinityRouter)}
     if top == replicas:
         return {**options, "num_replicas": replicas}
@@ -137,8 +139,9 @@ def run(build, *, replicas: int, host: str, port: int, address: str | None = Non
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
-    options = replica_options(replicas, max_replicas, ray.cluster_resources().get("CPU", 1), max_ongoing_requests,
-                              target_ongoing_requests)
+    resources = ray.cluster_resources()
+    options = replica_options(replicas, max_replicas, resources.get("CPU", 1), max_ongoing_requests,
+                              target_ongoing_requests, resources.get("GPU", 0))
     serve.start(http_options={"host": host, "port": port})
     replica = serve.deployment(Replica, name="prefill-replica").options(**options)
     ingress = serve.deployment(Ingress, name="prefill-ingress").options(ray_actor_options={"num_cpus": 0})
