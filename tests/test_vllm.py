@@ -116,6 +116,8 @@ def test_cached_requests_read_fresh_rows(vllm_url, default_prefill):
     other = ask(vllm_url, STATE, other_q)
     last = ask(vllm_url, STATE, first_q)
     assert cost_again < cost_first / 2, (cost_first, cost_again)
+    metrics = httpx.get(vllm_url + "/metrics", timeout=10).text
+    assert "prefill_model_stale_reruns_total 0.0" in metrics  # vLLM's hits never reached a row read
     for answers in (first, again, last):
         assert max_gap(answers, want) <= TOL
     assert max_gap(other, torch_answers(default_prefill, STATE, other_q)) <= TOL

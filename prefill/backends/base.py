@@ -41,3 +41,7 @@ def score_many(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Br
 
 class ReadoutUnsupported(ValueError):
     """A request a trained readout cannot score exactly with this backend's settings (a 400, not a 500)."""
+
+
+class RequestTooLarge(ValueError):
+    """The request needs more tokens or positions than a configured or model limit allows (a 413)."""

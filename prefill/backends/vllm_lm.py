@@ -124,10 +124,6 @@ class VLLMBackend:
         """Stop vLLM's engine core and its workers (idempotent)."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    @property
-    def depth(self) -> int:
-        return self.llm.llm_engine.model_config.get_num_layers(self.llm.llm_engine.vllm_config.parallel_config)
-
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         return self.score_many([(state, questions)])[0]
 

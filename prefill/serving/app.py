@@ -182,7 +182,8 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
         telemetry.answered(d)
         body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
         # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
-        for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated)):
+        for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated),
+                          ("x_truncated", d.truncated)):
             if qids:
                 body[key] = qids
         return JSONResponse(body)

@@ -24,6 +24,10 @@ BACKEND_COUNTERS = (  # (attribute, metric name, help)
     ("tokens_run", "prefill_model_tokens", "tokens the model's passes ran (shared prefixes and cached states once)"),
     ("state_hits", "prefill_state_cache_hits", "requests whose state was found in the state cache"),
     ("state_misses", "prefill_state_cache_misses", "requests whose state had to be run"),
+    ("stale_reruns", "prefill_model_stale_reruns", "vLLM outputs run again because a cache hit reached the row "
+                                                   "read (expected 0)"),
+    ("truncated_questions", "prefill_truncated_questions", "questions read with their state cut to the "
+                                                           "encoder's positions"),
 )
 
 
