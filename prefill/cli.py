@@ -394,8 +394,8 @@ def _train(args) -> int:
 # Measured (README "Encoder route vs decoder route"): on English spam a head on all-MiniLM-L6-v2 was as
 # accurate as one on either decoder, at a fraction of the latency; on the other tasks it was behind.
 ENCODER_HINT = ("prefill train: for short English texts, a head on the encoder route may do as well much faster: "
-                "prefill train DATA --model all-minilm-l6-v2 (on English spam it matched this route's heads at a "
-                "fraction of the latency; README 'Encoder route vs decoder route')")
+                "prefill train DATA --model all-minilm-l6-v2 (on English spam it matched this route's heads, one "
+                "question on a short text 13-39x faster; README 'Encoder route vs decoder route')")
 
 
 def _train_lora(args, pf, items, teacher, early: int, excluded: set[str]) -> int:
