@@ -19,7 +19,7 @@ from prefill.api import Prefill
 from .conftest import make_model
 from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a directory
 from .test_serving_readouts import free_port, started
-from .test_vllm import VLLM_PYTHON
+from .test_vllm import VLLM_PYTHON, need_vllm
 
 QUESTIONS = {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
              "team": {"type": "choice", "instructions": "Which team?",
@@ -39,10 +39,7 @@ def replicated(request, tmp_path_factory, tokenizer):
     if request.param == "torch":
         directory, python, tol = request.getfixturevalue("model_dir"), sys.executable, 1e-6
     else:
-        if not VLLM_PYTHON.exists():
-            if os.environ.get("PREFILL_REQUIRE_VLLM"):
-                pytest.fail(f"{VLLM_PYTHON} is missing: make vllm-setup")
-            pytest.skip("no vLLM venv (make vllm-setup)")
+        need_vllm()
         directory, python, tol = tmp_path_factory.mktemp("tiny-vllm"), str(VLLM_PYTHON), 1e-4
         make_model("llama", len(tokenizer), num_attention_heads=2, num_key_value_heads=1).save_pretrained(directory)
         tokenizer.save_pretrained(directory)

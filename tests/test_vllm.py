@@ -55,12 +55,17 @@ def shared_prefix_request(n: int) -> dict:
     return {f"p{i}": {"type": "noul", "instructions": POLICY + asks[i]} for i in range(n)}
 
 
-@pytest.fixture(scope="module")
-def vllm_url():
+def need_vllm() -> None:
+    """Skip without the vLLM venv, except under `make test` (PREFILL_REQUIRE_VLLM), where it must be there."""
     if not VLLM_PYTHON.exists():
         if os.environ.get("PREFILL_REQUIRE_VLLM"):
             pytest.fail(f"{VLLM_PYTHON} is missing: make vllm-setup")
         pytest.skip("no vLLM venv (make vllm-setup)")
+
+
+@pytest.fixture(scope="module")
+def vllm_url():
+    need_vllm()
     with server(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, pid):
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
         yield url
@@ -137,8 +142,7 @@ def test_the_trap_is_real_and_the_backend_avoids_it():
     return garbage for a repeated sequence (the trap this backend is built around), while the backend's
     scores are the same on a cold cache, a warm one and after an injected cache hit that reaches the row
     read (which it detects and re-runs under a fresh cache_salt)."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM venv (make vllm-setup)")
+    need_vllm()
     run = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_checks.py")], capture_output=True, text=True,
                          timeout=900, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -152,8 +156,7 @@ def test_the_trap_is_real_and_the_backend_avoids_it():
 def test_a_killed_host_takes_vllm_with_it():
     """SIGKILL leaves no time to stop vLLM's engine core: the backend's watcher process stops it (and the core's
     workers follow) once the host is gone."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM venv (make vllm-setup)")
+    need_vllm()
     host = subprocess.Popen([str(VLLM_PYTHON), "-c", "from prefill.api import Prefill; import time; "
                              "Prefill('smollm2-135m-instruct', backend='vllm'); print('up', flush=True); time.sleep(900)"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
