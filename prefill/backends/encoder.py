@@ -8,9 +8,11 @@ them, and the state is the part that gets truncated, never the question):
 
 Training-free score of an option: the dot product of the mean-pooled question span with the option's
 [MASK] vector (last layer), divided by sqrt(hidden size) so that the scale does not grow with the width; the
-engine's softmax over the declared options turns them into probabilities. A model without a mask token
-(EmbeddingGemma) gets its unknown token as the slot: an arbitrary but fixed token, since no model was
-trained to fill such slots; trained heads learn what it means.
+engine's softmax over the declared options turns them into probabilities. The slot is the tokenizer's mask
+token (BERT/MPNet's [MASK]; EmbeddingGemma's vocabulary has one too, <mask>, id 4, and its <bos>/<eos>
+stand for [CLS]/[SEP]); a model with no mask token gets its unknown token as the slot: an arbitrary but
+fixed token that text does not produce. No sentence-embedding model was trained to fill such slots, so
+the training-free score is weak (at chance on the tasks measured); trained heads learn what it means.
 
 What the route guarantees, and how:
 - questions never see each other: each question is its own sequence (sequences are batched with padding
@@ -43,7 +45,7 @@ from .causal_lm import Features
 
 # Model types read as bidirectional encoders (auto-detected: `--route auto`).
 ENCODER_TYPES = {"bert", "mpnet", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2",
-                 "modernbert", "gemma3_text_bidirectional"}
+                 "modernbert"}  # and any config with use_bidirectional_attention (EmbeddingGemma)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ class EncoderBackend:
         self.release_date = release_date
         self.renderer = EncoderRenderer(tokenizer)
         self.batch_size = batch_size
-        self.cls, self.sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+        # BERT-style [CLS]/[SEP]; a model without them (EmbeddingGemma) gets its own <bos>/<eos>, as its tokenizer does
+        self.cls = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        self.sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
         self.slot = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.unk_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         limit = getattr(tokenizer, "model_max_length", None)
