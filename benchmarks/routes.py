@@ -95,7 +95,8 @@ def quality_tables(results: dict[str, dict]) -> str:
 
 def speed_table(rows: list[dict]) -> str:
     """Seconds for one request, per model and (state tokens, questions); cut: questions read with a cut state."""
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    order = {m: k for k, m in enumerate(QUALITY)}
+    models = sorted(dict.fromkeys(r["model"] for r in rows), key=lambda m: order.get(m, len(order)))
     grid = sorted({(r["state_tokens"], r["questions"]) for r in rows})
     at = {cell(r): r for r in rows}
     out = ["| state tokens | questions | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]

@@ -81,7 +81,7 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["items"] == 8 and report["with_teacher"] == 8 and report["layers"] == [1, 2]
-    assert "--model all-minilm-l6-v2" in run.stderr  # the encoder route's measured case, pointed out
+    assert "--model embeddinggemma-300m" in run.stderr  # the encoder route's measured case, pointed out
     assert (tmp_path / "head" / "final.safetensors").is_file() and (tmp_path / "head" / "early.json").is_file()
     run = prefill("eval", str(data), *model, "--readout", str(tmp_path / "head"), "--out", str(tmp_path / "ev"))
     assert run.returncode == 0, run.stderr
