@@ -72,7 +72,7 @@ def quality_tables(results: dict[str, dict]) -> str:
     out = []
     for setting, title in (("engine", "training-free, as served"), ("trained", "trained head, 100 items")):
         out += [f"**{title}** (accuracy / macro-F1 / ECE)", "",
-                "| task | items | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+                "| task | trained on | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
         means: dict[str, dict[str, list]] = {}
         for task in TASK_SETS["all"]:
             cells = []
@@ -86,8 +86,10 @@ def quality_tables(results: dict[str, dict]) -> str:
             n = next((rows[0]["n"] for m in models for rows in [results[m]["tasks"].get(task)] if rows), "-")
             out.append(f"| {task} | {n} | " + " | ".join(cells) + " |")
         for group, by_model in means.items():
+            size = max(map(len, by_model.values()))  # a mean over fewer tasks than the others' is not shown
             cells = [" / ".join(f"{statistics.mean(r[k] for r in by_model[m]):.3f}" for k in ("accuracy", "macro_f1", "ece"))
-                     if m in by_model else "-" for m in models]
+                     if len(by_model.get(m, ())) == size else f"- ({len(by_model.get(m, ()))} of {size} tasks)"
+                     for m in models]
             out.append(f"| **mean, {group}** | | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)

@@ -224,6 +224,12 @@ def _prefill(args):
     if first and first[0]:
         pf.engine.served_as = first[0]
         pf.engines = {pf.engine.name: pf.engine}
+    from .backends.encoder import EncoderBackend
+    if not readouts and args.command in ("ask", "serve", "eval", "batch") and isinstance(pf.backend, EncoderBackend):
+        # a newcomer's first question on an encoder gets a near-uniform answer: say why, and what to do
+        print(f"prefill: {pf.name} is on the encoder route with no trained head, where answers are at chance (near "
+              f"uniform: measured on twelve tasks); train one: prefill train DATA --model {pf.name} --out HEAD, "
+              "then --readout HEAD (README 'Encoder route vs decoder route')", file=sys.stderr)
     return pf
 
 
@@ -393,13 +399,13 @@ def _train(args) -> int:
 
 # Measured (README "Encoder route vs decoder route", 100 training items per task): a head on EmbeddingGemma-300M
 # beat the one on Qwen2.5-Coder-0.5B on Dutch reviews (0.868 vs 0.765), matched it on French and German reviews
-# and spam, and answers one or two questions on a short text 2-4x faster; on many questions or long texts the
+# and spam, and answers one question on a 128- or 512-token text ~4x faster; on many questions or long texts the
 # decoder route is faster, and on hedged English sentences it was more accurate.
 ENCODER_HINT = ("prefill train: for one or two questions on short texts, a head on the encoder route may be as "
                 "accurate and faster: prefill train DATA --model embeddinggemma-300m (multilingual; `make encoders`) "
                 "or all-minilm-l6-v2 (English, fastest). With 100 labels, EmbeddingGemma beat Qwen's head on Dutch "
-                "reviews and matched it on French, German and spam, 2-4x faster per short text; README 'Encoder "
-                "route vs decoder route'")
+                "reviews and matched it on French, German and spam, ~4x faster for one question on a short text; "
+                "README 'Encoder route vs decoder route'")
 
 
 def _train_lora(args, pf, items, teacher, early: int, excluded: set[str]) -> int:

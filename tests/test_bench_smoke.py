@@ -58,7 +58,7 @@ def test_the_route_tables_show_every_model_task_and_cell():
     text = quality_tables(results)
     assert "| spam | 100 | 0.500 / 0.400 / 0.100 | 0.500 / 0.400 / 0.100 |" in text
     assert "| routing | 100 | 0.900 / 0.800 / 0.050 | - |" in text
-    assert "| **mean, families** | | 0.900 / 0.800 / 0.050 | - |" in text
+    assert "| **mean, families** | | 0.900 / 0.800 / 0.050 | - (0 of 1 tasks) |" in text
     speed = speed_table([{"model": "enc", "state_tokens": 512, "questions": 1, "seconds": 0.1, "truncated_questions": 1},
                          {"model": "dec", "state_tokens": 512, "questions": 1, "seconds": 0.9, "truncated_questions": 0}])
     assert "| 512 | 1 | 0.10 (cut: 1) | 0.90 |" in speed

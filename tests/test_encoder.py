@@ -217,6 +217,14 @@ def test_minilms_shipped_calibration_is_found_and_applied():
     assert max(calibrated.probabilities.values()) < max(plain.probabilities.values())
 
 
+def test_asking_an_encoder_with_no_head_says_it_is_at_chance():
+    run = subprocess.run([sys.executable, "-m", "prefill.cli", "ask", "--model", "all-minilm-l6-v2", "--state", TICKET,
+                          "--questions", '{"q": {"type": "noul", "instructions": "Is the customer asking for money back?"}}'],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and 0 < json.loads(run.stdout)["q"]["noul"] < 1, run.stderr[-2000:]
+    assert "no trained head" in run.stderr and "prefill train DATA --model all-minilm-l6-v2" in run.stderr
+
+
 @pytest.mark.parametrize("argv, reason", [
     (["ask", "--model", "all-minilm-l6-v2", "--route", "encoder", "--backend", "vllm", "--state", "x",
       "--questions", "{}"], "torch backend only"),
