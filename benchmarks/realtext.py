@@ -18,6 +18,8 @@ fitted on the other tasks (leave one task out), and with a calibration of the ta
     python -m benchmarks.realtext --model smollm2-135m-instruct --formats chat --out out/realtext-smollm2
     python -m benchmarks.realtext --report out/realtext-qwen05                   # tables from saved scores
     python -m benchmarks.realtext --report out/realtext-smollm2 --served --write-calibration prefill/calibrations/X.json
+    python -m benchmarks.realtext --formats chat --synthetic 0 --dtype auto --out out/realtext-qwen05-auto
+    python -m benchmarks.realtext --compare out/realtext-qwen05-fp32 out/realtext-qwen05-auto   # fp32 vs bf16
 
 States are cut to their first 1,500 characters (at a word boundary) so that a run fits on 2 cores; spam
 e-mails have their HTML tags removed. Items are drawn balanced (half each label), seeded.
@@ -339,14 +341,16 @@ def run(args) -> None:
     from prefill.backends.causal_lm import CausalLMBackend
     source = loading.resolve(args.model)
     print(f"loading {source.name} ...", file=sys.stderr, flush=True)
-    model, tokenizer = loading.load(source)
+    from prefill.backends.cpu import resolve_dtype
+    model, tokenizer = loading.load(source, resolve_dtype(args.dtype))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = args.tasks.split(",")
     items = {t: real_items(t, args.items, args.seed) for t in tasks}
     if args.synthetic:
         items["synthetic"] = synthetic_items(args.synthetic, args.seed)
-    meta = {"model": source.name, "fingerprint": loading.fingerprint(source), "items": args.items,
+    meta = {"model": source.name, "dtype": str(model.dtype).removeprefix("torch."),
+            "fingerprint": loading.fingerprint(source), "items": args.items,
             "seed": args.seed, "synthetic": args.synthetic, "formats": {}}
     for fmt in args.formats.split(","):
         chat, system, words, levels = FORMATS[fmt]
@@ -360,6 +364,42 @@ def run(args) -> None:
         meta["formats"][fmt] = path.name
         (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
     report(out)
+
+
+def compare(base: Path, other: Path) -> dict:
+    """Two runs of the same items (e.g. --dtype float32 and --dtype auto), under the served scoring, raw:
+    per real task and question type, accuracy and AUC of each and their difference, the share of questions
+    whose top answer agrees and the largest |Δp|."""
+    from prefill.scoring import DEFAULT
+    (meta_a, rows_a), (meta_b, rows_b) = load_rows(base), load_rows(other)
+    fmt = "chat" if "chat" in rows_a and "chat" in rows_b else sorted(set(rows_a) & set(rows_b))[0]
+    real_a = [r for r in rows_a[fmt] if r["gold"] is None]
+    real_b = [r for r in rows_b[fmt] if r["gold"] is None]
+    assert [(r["task"], r["qid"]) for r in real_a] == [(r["task"], r["qid"]) for r in real_b], "not the same items"
+    a_name, b_name = meta_a.get("dtype", "float32"), meta_b.get("dtype", "?")
+    print(f"\n## {meta_a['model']}: {a_name} vs {b_name}, format {fmt}, served scoring, raw\n")
+    print(f"| task | type | n | accuracy {a_name} | {b_name} | Δ | AUC {a_name} | {b_name} | Δ | top agrees | max abs Δp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    out: dict = {}
+    for (task, qtype), idx in grouped(list(range(len(real_a))), lambda i: (real_a[i]["task"], real_a[i]["type"])).items():
+        ra, rb = [real_a[i] for i in idx], [real_b[i] for i in idx]
+        pa, pb = softmax_rows(ra, DEFAULT[qtype]), softmax_rows(rb, DEFAULT[qtype])
+        ma, mb = metrics_of(ra, pa), metrics_of(rb, pb)
+        agree = sum(max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__)
+                    for x, y in zip(pa, pb)) / len(pa)
+        dp = max(abs(u - v) for x, y in zip(pa, pb) for u, v in zip(x, y))
+        out[f"{task}|{qtype}"] = {"n": len(idx), "accuracy": [ma["accuracy"], mb["accuracy"]], "auc": [ma["auc"], mb["auc"]],
+                                  "agreement": agree, "max_abs_dp": dp}
+        print(f"| {task} | {qtype} | {len(idx)} | {ma['accuracy']:.3f} | {mb['accuracy']:.3f} | "
+              f"{mb['accuracy'] - ma['accuracy']:+.3f} | {ma['auc']:.3f} | {mb['auc']:.3f} | {mb['auc'] - ma['auc']:+.3f} | "
+              f"{agree:.3f} | {dp:.3f} |")
+    rows = list(out.values())
+    means = {k: [mean(r[k][0] for r in rows), mean(r[k][1] for r in rows)] for k in ("accuracy", "auc")}
+    print(f"| mean | all | {sum(r['n'] for r in rows)} | {means['accuracy'][0]:.3f} | {means['accuracy'][1]:.3f} | "
+          f"{means['accuracy'][1] - means['accuracy'][0]:+.3f} | {means['auc'][0]:.3f} | {means['auc'][1]:.3f} | "
+          f"{means['auc'][1] - means['auc'][0]:+.3f} | {mean(r['agreement'] for r in rows):.3f} | "
+          f"{max(r['max_abs_dp'] for r in rows):.3f} |")
+    return {"per_task": out, "means": means}
 
 
 def load_rows(out: Path) -> tuple[dict, dict[str, list[dict]]]:
@@ -519,6 +559,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
     ap.add_argument("--items", type=int, default=60, help="texts per real task (half of each label)")
+    ap.add_argument("--dtype", default="float32", help="as prefill's --dtype (auto: bf16 on a CPU with bf16 units)")
+    ap.add_argument("--compare", nargs=2, metavar=("BASE", "OTHER"),
+                    help="only compare two finished runs of the same items (e.g. float32 vs auto)")
     ap.add_argument("--synthetic", type=int, default=40, help="synthetic items for the calibration mix (0: none)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tasks", default=",".join(CORPORA))
@@ -538,6 +581,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.obvious:
         obvious(args)
+    elif args.compare:
+        compare(Path(args.compare[0]), Path(args.compare[1]))
     elif args.report:
         report(Path(args.report), args.format, args.write_calibration, args.served)
     elif args.out:

@@ -19,6 +19,7 @@ import torch
 from . import loading
 from .backends.base import ReadoutUnsupported
 from .backends.causal_lm import CausalLMBackend
+from .backends.cpu import resolve_dtype
 from .backends.vllm_lm import NO_READOUTS
 from .calibration import Calibration, shipped
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS, Engine
@@ -36,7 +37,7 @@ LORA_CANNOT_SHARE = ("a readout trained with a LoRA adapter changes the base mod
 class Prefill:
     """A model, loaded once, that answers typed questions about a state in one prefill pass."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "float32", chat: bool | None = None,
+    def __init__(self, model: str | None = None, *, dtype: str | None = None, chat: bool | None = None,
                  system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
                  score_words: str = DEFAULT_SCORE_WORDS, scoring: Mapping[str, str | Scoring] | None = None,
                  packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
@@ -58,6 +59,7 @@ class Prefill:
         no trained readouts). `route`: "decoder" (a causal LM), "encoder" (a bidirectional encoder with a
         [MASK] slot per option: backends/encoder.py) or "auto" (by the model's type)."""
         source = loading.resolve(model)
+        self.dtype = dtype = resolve_dtype(dtype)
         prompt = dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words)
         if route not in ("auto", "decoder", "encoder"):
             raise ValueError(f"route must be auto, decoder or encoder, not {route!r}")

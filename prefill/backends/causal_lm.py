@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from transformers import DynamicCache
 
 from ..render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM, Branches, Renderer
 from .base import ReadoutUnsupported
+from .cpu import pack_linears
 
 # Layer kinds that take a custom attention mask. Anything else (linear attention, mamba, conv, ...) is
 # a layer that would let packed branches see each other, so such models are run as rows.
@@ -65,10 +67,13 @@ class TreeInputs:
 class CausalLMBackend:
     """Scores answers as whole-sequence log-likelihoods, in packed chunks of at most `chunk_tokens`.
 
-    chunk_tokens=512: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
-    smaller chunks waste less; below that the per-pass overhead wins. Measured once, ad hoc (prefill.bench's
-    question set with `backend.chunk_tokens` varied), on SmolLM2-135M, 2 cores, its state, 100 yes/no questions: 128 → 7.6 s, 256 → 6.4 s, 512 → 6.1 s, 1024 → 6.3 s, 2048 → 7.3 s
-    (21 questions: 1.77 / 1.60 / 1.55 / 1.54 / 1.54 s).
+    chunk_tokens=2048: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
+    smaller chunks waste less attention; but each chunk is a pass that streams every weight once, which costs
+    more on a larger model and once the matrix products are fast. Measured ad hoc (prefill.bench's SemIf
+    state and questions, `backend.chunk_tokens` varied, median of 3, fresh state) on Qwen2.5-Coder-0.5B, 2
+    cores: bf16 1 / 21 / 100 questions 512 → 0.37 / 0.69 / 2.37 s, 1024 → 0.35 / 0.60 / 2.07 s, 2048 →
+    0.34 / 0.54 / 2.04 s, 4096 → 0.33 / 0.54 / 2.05 s; fp32 512 → 1.19 / 2.43 / 8.85 s, 2048 → 1.26 / 2.35 /
+    7.43 s. (On SmolLM2-135M in fp32, 512 had been best: 100 questions 6.1 s vs 7.3 s at 2048.)
 
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
     out first), so further requests about the same state skip re-reading it; the results are identical.
@@ -77,7 +82,7 @@ class CausalLMBackend:
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
                  chat: bool | None = None, system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
                  score_words: str = DEFAULT_SCORE_WORDS, packing: str = "auto",
-                 chunk_tokens: int = 512, state_cache_tokens: int = 16384, state_pack_tokens: int = 2048,
+                 chunk_tokens: int = 2048, state_cache_tokens: int = 16384, state_pack_tokens: int = 2048,
                  fingerprint: str = ""):
         self.model = model.eval()
         self.name = name
@@ -99,10 +104,13 @@ class CausalLMBackend:
         self.adapter: Path | None = None  # a LoRA merged into the weights (merge_adapter)
         self.state_cache_tokens = state_cache_tokens
         self.state_pack_tokens = state_pack_tokens  # score_many: states run side by side, up to this many tokens
+        self.rows_read = 0      # positions whose next-token distribution was read (the LM head's rows)
+        self.seconds = {"state pass": 0.0, "tree pass": 0.0, "answer log-probabilities": 0.0}  # where time goes
         self.state_hits = 0     # states found in the cache
         self.state_misses = 0   # states that had to be run
         self._states: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
         self._all_layers = list(model.get_decoder().layers)
+        self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
 
     @property
     def depth(self) -> int:
@@ -254,6 +262,7 @@ class CausalLMBackend:
         self.model = PeftModel.from_pretrained(self.model, str(path)).merge_and_unload().eval()
         self.adapter = Path(path)
         self._all_layers = list(self.model.get_decoder().layers)
+        self.packed_linears = pack_linears(self.model)
         self._states.clear()
 
     def _readout_chunks(self, state: Sequence[int], questions: Sequence[Branches]) -> Iterator[list[Branches]]:
@@ -328,8 +337,11 @@ class CausalLMBackend:
         ids = torch.tensor([[t for s in states for t in s]], device=self.device)
         self.forward_calls += 1
         self.tokens_run += ids.shape[1]
+        decoder = self.model.get_decoder()  # keys and values only: no LM head
+        started = time.perf_counter()
         if len(states) == 1:
-            self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            decoder(input_ids=ids, cache=cache, use_cache=True)
+            self.seconds["state pass"] += time.perf_counter() - started
             return [cache]
         n = ids.shape[1]
         allowed = torch.zeros(n, n, dtype=torch.bool)
@@ -339,8 +351,9 @@ class CausalLMBackend:
             positions += range(len(s))
             start += len(s)
         mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        self.model(input_ids=ids, position_ids=torch.tensor([positions], device=self.device),
-                   attention_mask=mask.to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+        decoder(input_ids=ids, position_ids=torch.tensor([positions], device=self.device),
+                attention_mask=mask.to(self.device), cache=cache, use_cache=True)
+        self.seconds["state pass"] += time.perf_counter() - started
         out, start = [], 0
         for s in states:
             out.append(DynamicCache(ddp_cache_data=[(layer.keys[:, :, start:start + len(s)].clone(),
@@ -373,14 +386,56 @@ class CausalLMBackend:
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
         inputs = ({"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)} if inputs_embeds is not None
                   else {"input_ids": torch.tensor([tree.ids], device=self.device)})
-        with self._outputs(layers) as captured:
+        started = time.perf_counter()
+        with self._outputs(layers) as captured, self._head_input() as head:
             out = self.model(**inputs, position_ids=torch.tensor([tree.positions], device=self.device),
                              attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
                              logits_to_keep=torch.tensor(tree.read_from, device=self.device))
         self.forward_calls += 1
         self.tokens_run += n
+        self.rows_read += len(tree.read_from)
         hidden = torch.stack([captured[i] for i in layers], dim=1).float().cpu() if layers else None
-        return tree.sum_logprobs(out.logits[0]), hidden
+        read = time.perf_counter()
+        scores = tree.sum_logprobs(out.logits[0], self._exact_logits(head))
+        self.seconds["tree pass"] += read - started
+        self.seconds["answer log-probabilities"] += time.perf_counter() - read
+        return scores, hidden
+
+    @contextlib.contextmanager
+    def _head_input(self) -> Iterator[list[torch.Tensor]]:
+        """While the block runs, what the LM head reads (the final hidden states of the rows it scores).
+        Only under reduced precision with a plain linear head (see `_exact_logits`)."""
+        captured: list[torch.Tensor] = []
+        head = self.model.get_output_embeddings()
+        if self.dtype == torch.float32 or type(head) is not torch.nn.Linear or _scales_logits(self.model.config):
+            yield captured
+            return
+        hook = head.register_forward_pre_hook(lambda _m, args: captured.append(args[0][0]))
+        try:
+            yield captured
+        finally:
+            hook.remove()
+
+    def _exact_logits(self, head_input: list[torch.Tensor]) -> Callable | None:
+        """In bf16 the head's logits are rounded to 8 significant bits (a logit of 20 to within 0.06), as much
+        error as the whole bf16 body adds to an answer. So `sum_logprobs` recomputes in fp32, from the head's
+        input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
+        rest of the vocabulary stays bf16. An fp32 head would cost 4-5x the bf16 one here (120 vs 25 ms for
+        60 rows of Qwen2.5-0.5B's 151,936-token head); this costs a top-k and a few dot products. Measured on
+        the SemIf ticket, the README ticket and two short reviews (69 answer distributions, Qwen2.5-Coder-0.5B,
+        against fp32): mean |dp| 0.023 with the bf16 logits as they are, 0.022 with only the answer tokens
+        recomputed, 0.0126 with the top 16 too, the same as an fp32 head (0.0126; max 0.045, the rest is the
+        bf16 body). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32 logits, or None."""
+        if not head_input:
+            return None
+        hidden = head_input[0]
+        head = self.model.get_output_embeddings()
+
+        def exact(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            """rows (n,), tokens (n, k) -> their logits (n, k) in fp32."""
+            out = torch.einsum("nh,nkh->nk", hidden[rows].float(), head.weight[tokens].float())
+            return out + head.bias[tokens].float() if head.bias is not None else out
+        return exact
 
     # -- a question too large for one chunk (say 255 long options): its prompt extends the cached state,
     #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
@@ -521,17 +576,26 @@ class _Tree:
             seen[i, i] = True
         return seen
 
-    def sum_logprobs(self, logits: torch.Tensor, rows: int = 256) -> list[list[float]]:
+    def sum_logprobs(self, logits: torch.Tensor, exact: Callable | None = None, rows: int = 16,
+                     top_k: int = 16) -> list[list[float]]:
         """Each answer's log-likelihood: the sum of its tokens' log-probabilities. The normaliser is taken
-        `rows` logits rows at a time, so no second vocabulary-sized copy of all rows is made."""
+        `rows` logits rows at a time, so no vocabulary-sized copy of all rows is made (a block stays a few
+        MB: larger temporaries are fresh pages from the OS on every call, which cost more than the
+        arithmetic). `exact(rows, tokens)`: the answer tokens' logits at higher precision than `logits`
+        (CausalLMBackend._exact_logits); a log-probability is then capped at 0."""
         read, tok, qs, ans = (torch.tensor(c) for c in zip(*self.targets))
         per_token = torch.empty(len(read), dtype=torch.float64)
         for start in range(0, logits.shape[0], rows):
             block = logits[start:start + rows].float()
+            if exact is not None:  # the largest logits, which make the normaliser, recomputed exactly
+                top = block.topk(min(top_k, block.shape[1]), dim=-1).indices
+                block.scatter_(1, top, exact(torch.arange(start, start + len(block), device=block.device), top))
             normaliser = torch.logsumexp(block, dim=-1)
             sel = ((read >= start) & (read < start + rows)).nonzero().squeeze(1)
             r = (read[sel] - start).to(block.device)
-            per_token[sel] = (block[r, tok[sel].to(block.device)] - normaliser[r]).double().cpu()
+            t = tok[sel].to(block.device)
+            target = block[r, t] if exact is None else exact(r + start, t[:, None])[:, 0]
+            per_token[sel] = (target - normaliser[r]).clamp(max=0).double().cpu()
         totals = torch.zeros(len(self.n_answers), max(self.n_answers), dtype=torch.float64)
         totals.index_put_((qs, ans), per_token, accumulate=True)
         return [totals[q, :n].tolist() for q, n in enumerate(self.n_answers)]
@@ -557,6 +621,13 @@ def _concat(caches: Sequence[DynamicCache]) -> DynamicCache:
     return DynamicCache(ddp_cache_data=[(torch.cat([c.layers[i].keys for c in caches], dim=2),
                                          torch.cat([c.layers[i].values for c in caches], dim=2))
                                         for i in range(len(caches[0].layers))])
+
+
+def _scales_logits(cfg) -> bool:
+    """Whether the model transforms its head's output (soft-capping, a logit scale): then the head's own
+    logits are read as they are."""
+    cfg = cfg.get_text_config(decoder=True)
+    return bool(getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None))
 
 
 def _longest(q: Branches) -> int:

@@ -40,6 +40,7 @@ import torch
 
 from ..render import Branches, _inline, render_text
 from ..schema import Choice, Noul, Score
+from .cpu import pack_linears
 from .base import RequestTooLarge
 from .causal_lm import Features
 
@@ -95,6 +96,7 @@ class EncoderBackend:
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
                  fingerprint: str = "", batch_size: int = 16):
         self.model = model.eval()
+        self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
         self.name = name
         self.fingerprint = fingerprint
         self.description = description or f"{name} (encoder, a [MASK] slot per option)"
