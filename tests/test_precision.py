@@ -139,3 +139,31 @@ def test_exact_logits_are_used_in_bf16(tiny_model, tokenizer, monkeypatch):
     seen.clear()
     Engine(make_backend(tiny_model, tokenizer), scoring=RAW).ask(STATE, QUESTIONS)  # fp32: read as they are
     assert seen and all(e is None for e in seen)
+
+
+@needs_bf16_units
+def test_the_encoder_route_takes_the_fast_path_too():
+    """A tiny BERT in bf16 on the encoder route: its linears are packed and its answers stay isolated (the
+    slot scores are read in fp32 from the bf16 hidden states)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from prefill.backends.encoder import EncoderBackend
+    from prefill.loading import resolve
+    from prefill.scoring import Scoring
+    tok = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=128, max_position_embeddings=512, initializer_range=0.3))
+    whole = dict.fromkeys(("noul", "choice", "score"), Scoring("whole"))
+    fp32 = Engine(EncoderBackend(copy.deepcopy(bert).float(), tok, "tiny-bert", batch_size=4), scoring=whole)
+    backend = EncoderBackend(bert.to(torch.bfloat16), tok, "tiny-bert", batch_size=4)
+    assert backend.packed_linears > 0
+    engine = Engine(backend, scoring=whole)
+    together = engine.ask(STATE, QUESTIONS)[0]
+    reference = fp32.ask(STATE, QUESTIONS)[0]
+    for qid, q in QUESTIONS.items():
+        alone = engine.ask(STATE, {"x": q})[0]["x"]
+        assert max(abs(a - b) for a, b in zip(flat(alone), flat(together[qid]))) <= BF16_TOL
+        if together[qid].type != "noul":
+            assert abs(sum(flat(together[qid])) - 1) < 1e-6
+        assert max(abs(a - b) for a, b in zip(flat(reference[qid]), flat(together[qid]))) <= 0.1
