@@ -24,6 +24,7 @@ import os
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -176,20 +177,16 @@ class LlamaServer:
     torch uses: what a CPU user would run instead of prefill."""
 
     def __init__(self, binary: Path, gguf: str, threads: int):
-        import subprocess
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.command = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
                         "-c", "4096", "-np", "1", "--no-warmup"]
-        self._popen = subprocess.Popen
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:
-        import subprocess
-
         import httpx
-        self.proc = self._popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -208,7 +205,7 @@ class LlamaServer:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
 
     def generate(self, prompt: str, n_new: int) -> tuple[str, int, int]:

