@@ -6,12 +6,24 @@
     $B --model qwen2.5-coder-1.5b-instruct --dtype float32 --out out/fast-qwen15-fp32
     $B --model qwen2.5-coder-1.5b-instruct --dtype auto --out out/fast-qwen15-auto
     python -m benchmarks.fastpath out/fast-qwen05-fp32 out/fast-qwen05-auto out/fast-qwen15-fp32 out/fast-qwen15-auto
+
+and the measurements behind the fast path's choices (Qwen2.5-0.5B's shapes, 24 layers, this machine's
+threads; about a minute, then about two for the chunk sizes on the default model):
+
+    python -m benchmarks.fastpath --micro
+    python -m benchmarks.fastpath --chunks
+    python -m benchmarks.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import statistics
+import time
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
 
 
 def row(report: dict) -> str:
@@ -28,7 +40,134 @@ def row(report: dict) -> str:
             f"**{100 * s['share_of_bf16_linear']:.0f} %** | {split} |")
 
 
-def main(folders: list[str]) -> None:
+def ms(fn, repeats: int = 5) -> float:
+    """Median milliseconds of `fn` over `repeats` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return round(1000 * statistics.median(times), 1)
+
+
+def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 151936) -> None:
+    """The choices of prefill/backends/cpu.py and causal_lm.py, each timed against its alternative."""
+    from prefill.backends.cpu import PACK_ROWS_HINT
+    mk = torch.ops.mkldnn
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    ws = [torch.randn(inner, hidden, dtype=bf16) * 0.05 for _ in range(layers)]
+    packed = [mk._reorder_linear_weight(w, PACK_ROWS_HINT) for w in ws]
+    with torch.inference_mode():
+        for rows in (3, 388, 771):
+            x = torch.randn(1, rows, hidden, dtype=bf16)
+            print(f"{layers} x Linear({hidden}, {inner}) on {rows} rows, bf16: F.linear "
+                  f"{ms(lambda: [F.linear(x, w) for w in ws])} ms, oneDNN-packed "
+                  f"{ms(lambda: [mk._linear_pointwise(x, p, None, 'none', [], '') for p in packed])} ms", flush=True)
+        x = torch.randn(1, 391, hidden, dtype=bf16)
+        g, u, d = ws[0], ws[1], torch.randn(hidden, inner, dtype=bf16)
+        gu = torch.cat([g, u])
+
+        def fused():
+            a, b = F.linear(x, gu).chunk(2, -1)
+            return F.linear(F.silu(a) * b, d)
+        print(f"MLP on 391 rows: gate and up apart {ms(lambda: F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d), 20)} "
+              f"ms, one gate+up matrix {ms(fused, 20)} ms", flush=True)
+        layer_f32 = [torch.nn.Linear(hidden, inner) for _ in range(layers)]
+        x32 = torch.randn(1, 388, hidden)
+        line = []
+        for engine in ("onednn", "x86", "fbgemm"):
+            if engine in torch.backends.quantized.supported_engines:
+                torch.backends.quantized.engine = engine
+                q = [torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(m), {torch.nn.Linear}, dtype=torch.qint8)
+                     for m in layer_f32]
+                line.append(f"{engine} {ms(lambda: [m(x32) for m in q])} ms")
+        xb = x32.to(bf16)
+        print(f"int8 dynamic quantisation, {layers} layers on 388 rows: {', '.join(line)}; packed bf16 "
+              f"{ms(lambda: [mk._linear_pointwise(xb, p, None, 'none', [], '') for p in packed])} ms", flush=True)
+        head = torch.randn(vocab, hidden, dtype=bf16) * 0.02
+        head32 = head.float()
+        rows = torch.randn(60, hidden, dtype=bf16)
+        print(f"LM head, 60 rows: bf16 {ms(lambda: F.linear(rows, head))} ms, fp32 "
+              f"{ms(lambda: F.linear(rows.float(), head32))} ms", flush=True)
+        q = torch.randn(1, 14, 500, 64, dtype=bf16)
+        k, v = torch.randn(1, 14, 900, 64, dtype=bf16), torch.randn(1, 14, 900, 64, dtype=bf16)
+        allowed = torch.rand(500, 900) > 0.3
+        additive = torch.zeros(1, 1, 500, 900, dtype=bf16).masked_fill_(~allowed, torch.finfo(bf16).min)
+        print(f"SDPA, 500 queries over 900 keys, bf16: additive mask "
+              f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=additive), 20)} ms, boolean mask "
+              f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None]), 20)} ms", flush=True)
+
+
+def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> None:
+    """CausalLMBackend.chunk_tokens on the default model: the SemIf state with 1 / 21 / 100 questions, fresh
+    state, median of 3."""
+    from prefill import Prefill
+    from prefill.bench import STATE, nouls
+    for dtype in dtypes:
+        pf = Prefill(dtype=dtype, facts=False)
+        for size in sizes:
+            pf.backend.chunk_tokens = size
+            row = []
+            for n in (1, 21, 100):
+                qs = nouls(n)
+                pf.engine.ask(STATE, qs)  # warm: the priors of these questions are cached
+
+                def fresh():
+                    pf.backend._states.clear()
+                    pf.engine.ask(STATE, qs)
+                row.append(f"{ms(fresh, 3) / 1000:.2f}")
+            print(f"{dtype}, chunks of {size} tokens: 1 / 21 / 100 questions {' / '.join(row)} s", flush=True)
+
+
+PRECISION_STATES = ["I was charged twice for order #4471 and the refund never arrived.",
+                    "The package arrived broken and I want my money back.",
+                    "Thanks, the support team fixed my login issue in minutes. Great service!"]
+
+
+def precision() -> None:
+    """The default model's answers in bf16 against fp32 (the SemIf questions, a choice and a score, on the
+    SemIf ticket and three short messages): with the LM head's logits read as bf16 gives them, and with the
+    answer tokens' and largest logits recomputed in fp32 (the served path); then bf16 isolation on
+    tests/test_default_model.py's ticket (each question alone vs packed, reordered and renamed)."""
+    from prefill import Choice, Prefill, Score
+    from prefill.backends import causal_lm
+    from prefill.bench import STATE, nouls
+    qs = {**nouls(21), "team": Choice("Which team should handle this ticket?", ["Billing", "Technical support", "Sales",
+                                                                               "Account management"]),
+          "anger": Score("How frustrated is the customer?", ["Calm", "Slightly annoyed", "Frustrated", "Very angry"])}
+
+    def flat(a) -> list[float]:
+        return [a.noul, 1 - a.noul] if a.type == "noul" else list(a.probabilities.values())
+
+    def answers(pf) -> list[list[float]]:
+        return [flat(a) for state in [STATE, *PRECISION_STATES] for a in pf.ask(state, qs).values()]
+
+    ref = answers(Prefill(dtype="float32", facts=False, calibration=None))
+    bf = Prefill(dtype="bfloat16", facts=False, calibration=None)
+    served = answers(bf)
+    original = causal_lm.CausalLMBackend._exact_logits
+    causal_lm.CausalLMBackend._exact_logits = lambda self, head_input: None
+    bf.engine._priors = type(bf.engine._priors)()
+    rounded = answers(bf)
+    causal_lm.CausalLMBackend._exact_logits = original
+    for name, got in (("bf16 logits as they are", rounded), ("answer and top-16 logits in fp32 (served)", served)):
+        gaps = [max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(ref, got)]
+        agree = sum(max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__)
+                    for x, y in zip(ref, got))
+        print(f"{name}: {len(gaps)} distributions, |dp| vs fp32 mean {statistics.mean(gaps):.4f}, max "
+              f"{max(gaps):.3f}, top answer agrees {agree}/{len(gaps)}", flush=True)
+    from tests.test_default_model import QUESTIONS, TICKET
+    together = bf.ask(TICKET, QUESTIONS)
+    items = list(QUESTIONS.items())[::-1]
+    renamed = bf.ask(TICKET, {f"id {i}": q for i, (_, q) in enumerate(items)})
+    worst = max(max(abs(a - b) for a, b in zip(flat(bf.ask(TICKET, q)), flat(other)))
+                for i, (qid, q) in enumerate(items) for other in (together[qid], renamed[f"id {i}"]))
+    print(f"bf16 isolation on the test ticket: largest |dp| alone vs packed / reordered / renamed {worst:.4f}")
+
+
+def table(folders: list[str]) -> None:
     print("| model | dtype | 21 questions, one request | HF generate (JSON): prefill faster by | llama.cpp server "
           "(JSON, same GGUF): prefill faster by | 1 question: 21q/1q | matrix work, achieved | bare linear bf16 / fp32 "
           "(this run): engine's share of bf16 | seconds: state / tree / log-probs / rest |")
@@ -37,5 +176,24 @@ def main(folders: list[str]) -> None:
         print(row(json.loads((Path(folder) / "bench.json").read_text())))
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="*", help="prefill bench --out folders: print the README table")
+    ap.add_argument("--micro", action="store_true", help="time the fast path's choices against their alternatives")
+    ap.add_argument("--chunks", action="store_true", help="time tree chunk sizes on the default model")
+    ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")
+    args = ap.parse_args()
+    if args.micro:
+        micro()
+    if args.chunks:
+        chunks()
+    if args.precision:
+        precision()
+    if args.folders:
+        table(args.folders)
+    if not (args.micro or args.chunks or args.precision or args.folders):
+        ap.error("give bench folders, --micro or --chunks")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

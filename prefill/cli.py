@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
                             "but at chance on real text), a Hugging Face model id, a local model directory or a .gguf file")
         p.add_argument("--dtype", default=None, choices=DTYPES,
                        help="auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, AVX-512 bf16) or on a "
-                            "GPU, float32 elsewhere; float32 is the exact reference path (README 'Speed')")
+                            "GPU, float32 elsewhere; float32 is the exact reference path (README \"The CPU's matrix units\")")
         p.add_argument("--route", default="auto", choices=["auto", "decoder", "encoder"],
                        help="decoder: a causal LM, one pass over a token tree; encoder: a bidirectional encoder with a "
                             "[MASK] slot per option, one sequence per question (README 'Encoder route'); auto: by the "

@@ -19,7 +19,8 @@ from prefill.schema import Choice, Noul, Score
 from .conftest import RAW, make_backend
 
 # Packed with other questions vs alone, reordered, renamed: the largest |Δp| measured in bf16 was 0.003 on the
-# tiny models here (0 for the Llama one) and 0.017 on the default model (README "Speed"): bf16 activations
+# tiny models here (0 for the Llama one) and 0.018 on the default model (`python -m benchmarks.fastpath
+# --precision`): bf16 activations
 # round to 8 significant bits, and attention over a longer packed sequence sums in another order.
 BF16_TOL = 1e-2
 needs_bf16_units = pytest.mark.skipif(not cpu.has_bf16_units(), reason="this CPU has no bf16 matrix units")
@@ -73,7 +74,7 @@ def test_cli_takes_auto():
 @needs_bf16_units
 def test_packed_linear_equals_plain():
     """Bit for bit without a bias; with one, the bias is added to the bf16 product (one more rounding: fusing
-    it into oneDNN's product made answers depend more on the packing, 0.037 vs 0.017 on the default model)."""
+    it into oneDNN's product made answers depend more on the packing, 0.037 vs 0.017 on the default model, ad hoc)."""
     torch.manual_seed(0)
     layer, biased = torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16), torch.nn.Linear(64, 96).to(torch.bfloat16)
     x = torch.randn(1, 7, 64, dtype=torch.bfloat16)

@@ -69,11 +69,11 @@ class CausalLMBackend:
 
     chunk_tokens=2048: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
     smaller chunks waste less attention; but each chunk is a pass that streams every weight once, which costs
-    more on a larger model and once the matrix products are fast. Measured ad hoc (prefill.bench's SemIf
-    state and questions, `backend.chunk_tokens` varied, median of 3, fresh state) on Qwen2.5-Coder-0.5B, 2
-    cores: bf16 1 / 21 / 100 questions 512 → 0.37 / 0.69 / 2.37 s, 1024 → 0.35 / 0.60 / 2.07 s, 2048 →
-    0.34 / 0.54 / 2.04 s, 4096 → 0.33 / 0.54 / 2.05 s; fp32 512 → 1.19 / 2.43 / 8.85 s, 2048 → 1.26 / 2.35 /
-    7.43 s. (On SmolLM2-135M in fp32, 512 had been best: 100 questions 6.1 s vs 7.3 s at 2048.)
+    more on a larger model and once the matrix products are fast. `python -m benchmarks.fastpath --chunks`
+    (Qwen2.5-Coder-0.5B, the SemIf state, 1 / 21 / 100 questions, fresh state, 2 cores): bf16 512 → 0.29 /
+    0.58 / 1.93 s, 2048 → 0.31 / 0.51 / 1.75 s; fp32 512 → 1.11 / 2.30 / 7.48 s, 2048 → 1.10 / 2.04 / 6.18 s
+    (1024 and 4096 within a few percent of 2048). (On SmolLM2-135M in fp32, 512 had been best: 100 questions
+    6.1 s vs 7.3 s at 2048.)
 
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
     out first), so further requests about the same state skip re-reading it; the results are identical.
@@ -420,12 +420,12 @@ class CausalLMBackend:
         """In bf16 the head's logits are rounded to 8 significant bits (a logit of 20 to within 0.06), as much
         error as the whole bf16 body adds to an answer. So `sum_logprobs` recomputes in fp32, from the head's
         input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
-        rest of the vocabulary stays bf16. An fp32 head would cost 4-5x the bf16 one here (120 vs 25 ms for
-        60 rows of Qwen2.5-0.5B's 151,936-token head); this costs a top-k and a few dot products. Measured on
-        the SemIf ticket, the README ticket and two short reviews (69 answer distributions, Qwen2.5-Coder-0.5B,
-        against fp32): mean |dp| 0.023 with the bf16 logits as they are, 0.022 with only the answer tokens
-        recomputed, 0.0126 with the top 16 too, the same as an fp32 head (0.0126; max 0.045, the rest is the
-        bf16 body). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32 logits, or None."""
+        rest of the vocabulary stays bf16. An fp32 head would cost 4-5x the bf16 one here (98 vs 22 ms for
+        60 rows of Qwen2.5-0.5B's 151,936-token head: `python -m benchmarks.fastpath --micro`); this costs a
+        top-k and a few dot products. `python -m benchmarks.fastpath --precision` (Qwen2.5-Coder-0.5B, 92
+        answer distributions, against fp32): mean |dp| 0.0156 with the bf16 logits as they are, 0.0064 with
+        this (ad hoc, on 69 of them: an fp32 head gave the same as this to 1e-6). Returns exact(rows (n,),
+        tokens (n, k)) -> (n, k) fp32 logits, or None."""
         if not head_input:
             return None
         hidden = head_input[0]

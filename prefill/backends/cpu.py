@@ -9,8 +9,9 @@ without them emulates bf16 and gets slower, never faster).
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
 CPU freezing does) and calling `_linear_pointwise` gives bit-identical outputs, faster: 24 layers of
-Qwen2.5-0.5B's 896x4864 projection on 771 rows, 110.8 ms plain vs 68.6 ms packed (bf16, 2 threads), on 3
-rows 20 vs 9 ms (measured ad hoc; the packing's row hint 64 beat 1, 512 and 2048 at every size). The
+Qwen2.5-0.5B's 896x4864 projection on 3 / 388 / 771 rows, 13.7 / 48.8 / 97.3 ms plain vs 8.4 / 31.3 / 73.7 ms
+packed (bf16, 2 threads; `python -m benchmarks.fastpath --micro`). The packing's row hint 64 beat 1, 512 and
+2048 at every size (ad hoc). The
 packed copy doubles the memory of the linear weights (a bf16 model with packed linears takes what the fp32
 model took). Only inference is packed: with gradients on (LoRA training) the layer runs as before.
 
@@ -18,7 +19,7 @@ Once the products are fast, fresh memory costs: glibc serves every allocation ov
 (128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
 and a pass allocates many such activations (a 388 x 4864 bf16 MLP activation is 3.6 MB). Raising the
 threshold to 32 MB and keeping freed memory (`tune_allocator`) took the SemIf request (21 questions,
-Qwen2.5-Coder-0.5B, bf16) from 0.68 / 0.65 s to 0.59 / 0.58 s in alternating runs (the same through
+Qwen2.5-Coder-0.5B, bf16) from 0.68 / 0.65 s to 0.59 / 0.58 s in alternating runs (ad hoc; the same through
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment).
 """
 from __future__ import annotations
