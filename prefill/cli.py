@@ -464,9 +464,10 @@ def _record(args) -> int:
 def _serve(args) -> int:
     import uvicorn
 
+    from .backends.cpu import resolve_dtype
     from .loading import ModelNotFound, resolve
     try:
-        base = resolve(args.model).name  # a wrong path or a missing default model fails now, not in the background
+        base = resolve(args.model, resolve_dtype(args.dtype)).name  # a wrong path or a missing default model fails now, not in the background
         _check_serve(args, base)
     except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)

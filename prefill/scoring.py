@@ -14,6 +14,9 @@ A correction divides out the answer prior the question itself induces, measured 
   do) then answers by how much this text moves it from that lean;
 - "pmi" (Holtzman et al. 2021, domain-conditional PMI): the same with the empty state only, i.e. the
   answer's likelihood given the question alone.
+A weight λ on the prior (`whole+pmi*0.5`: score - λ·log p_cf) keeps part of it: λ = 1 divides it out
+entirely, λ = 0 is the raw likelihood. Where the prior is informative (most short messages are English, most
+mail is not spam) dividing all of it out pushes answers away from the common, right one.
 The prior depends on the question's tokens only, so it is computed once per distinct question (one short
 extra pass) and cached; it is computed in the same isolated way as the answers, so a corrected answer still
 cannot depend on the other questions, their order or ids, and permuting the options permutes the prior.
@@ -39,21 +42,31 @@ CONTENT_FREE = {"contextual": ("N/A", "", "[MASK]"), "pmi": ("",)}
 class Scoring:
     readout: str = "whole"
     correction: str = "none"
+    prior_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, not {self.readout!r}")
         if self.correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, not {self.correction!r}")
+        if not 0.0 <= self.prior_weight <= 1.0:
+            raise ValueError(f"the prior's weight must be within 0..1, not {self.prior_weight}")
 
     def __str__(self) -> str:
-        return self.readout if self.correction == "none" else f"{self.readout}+{self.correction}"
+        if self.correction == "none":
+            return self.readout
+        weight = "" if self.prior_weight == 1.0 else f"*{self.prior_weight:g}"
+        return f"{self.readout}+{self.correction}{weight}"
 
     @classmethod
     def parse(cls, text: str) -> Scoring:
-        """"whole", "first+contextual", ... (the form str() gives)."""
+        """"whole", "first+contextual", "whole+pmi*0.5", ... (the form str() gives)."""
         readout, _, correction = text.partition("+")
-        return cls(readout, correction or "none")
+        correction, _, weight = correction.partition("*")
+        try:
+            return cls(readout, correction or "none", float(weight) if weight else 1.0)
+        except ValueError as e:
+            raise ValueError(f"bad scoring {text!r}: {e}") from None
 
     def branches(self, b: Branches) -> Branches:
         """The token branches this readout scores: each answer cut to the tokens that count."""
@@ -125,7 +138,7 @@ class PriorCache:
         return out
 
 
-def corrected(scores: Sequence[float], log_prior: Sequence[float]) -> list[float]:
-    """score - log p_cf. An answer impossible on every content-free state keeps its raw score (nothing to
+def corrected(scores: Sequence[float], log_prior: Sequence[float], weight: float = 1.0) -> list[float]:
+    """score - λ·log p_cf. An answer impossible on every content-free state keeps its raw score (nothing to
     divide out), so a prior of 0 never turns into +inf."""
-    return [s - lp if math.isfinite(lp) else s for s, lp in zip(scores, log_prior)]
+    return [s - weight * lp if math.isfinite(lp) else s for s, lp in zip(scores, log_prior)]

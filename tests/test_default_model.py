@@ -93,8 +93,8 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
 
 @pytest.fixture(scope="module")
 def served_default():
-    """The default model as `make serve` serves it: default prompt, scoring, shipped calibration and dtype
-    (bf16 on a CPU with bf16 units)."""
+    """The default model as `make serve` serves it: default dtype (bf16 on a CPU with bf16 units, where the
+    default model is Qwen2.5-Coder-1.5B; loading.default_name), prompt, scoring and calibration."""
     from prefill import Prefill
     return Prefill(dtype="auto")
 
@@ -115,6 +115,43 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
     for qid, by_label in seen.items():
         assert sum(by_label[True]) > sum(by_label[False]), (qid, by_label)  # not backwards
     assert right > 9, seen  # better than one answer for every review, which gets 9 of the 18 right
+
+
+# ---------------------------------------------------------------- a newcomer's first questions
+
+NEWCOMER = {
+    "refund": Noul("Is the customer asking for a refund?"),
+    "team": Choice("Which team should handle this ticket?",
+                   {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"}),
+    "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
+    "language": Choice("Which language is the message written in?", ["English", "French", "German"]),
+}
+THANKS = "Thank you so much, the support team fixed my login issue in minutes. Great service!"
+BROKEN = "The package arrived broken and I want my money back."
+
+
+def test_a_newcomers_ticket_questions_are_answered_right(served_default):
+    """The README's ticket and the first messages a newcomer tries (issue #22: the 0.5B default answered
+    "French" for an English message, and P(refund) 0.59 for a thank-you note, as for a refund demand)."""
+    ticket, broken, thanks = (served_default.ask(t, NEWCOMER) for t in (TICKET, BROKEN, THANKS))
+    for a in (ticket, broken):
+        assert a["refund"].noul > 0.5, a["refund"]
+        assert a["language"].choice == "English", a["language"]
+    assert thanks["refund"].noul < 0.5 and thanks["language"].choice == "English"
+    assert ticket["team"].choice == "Billing", ticket["team"]
+    assert ticket["anger"].score > thanks["anger"].score + 0.5, (ticket["anger"], thanks["anger"])
+    assert ticket["anger"].probabilities["0"] < 0.2  # not "Calm"
+
+
+def test_the_language_of_real_sentences(served_default):
+    """Real sentences from eld's benchmark file (benchmarks/tasks.py `language_rows`), the first three of
+    40-160 characters in English, French and German, by the file's order: each answered in its language."""
+    from benchmarks.tasks import language_rows
+    rows = language_rows()
+    q = {"language": NEWCOMER["language"]}
+    for code, name in (("en", "English"), ("fr", "French"), ("de", "German")):
+        for text in [t for t, c in rows if c == code and len(t) >= 40][:3]:
+            assert served_default.ask(text, q)["language"].choice == name, (name, text)
 
 
 # ---------------------------------------------------------------- a live server

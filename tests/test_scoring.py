@@ -40,22 +40,23 @@ def test_each_readout_is_what_a_plain_forward_gives(tiny_model, tokenizer, reado
             assert abs(score - want) < 1e-3
 
 
-@pytest.mark.parametrize("correction", ["contextual", "pmi"])
-def test_the_correction_divides_out_the_content_free_prior(tiny_model, tokenizer, correction):
+@pytest.mark.parametrize("correction,weight", [("contextual", 1.0), ("pmi", 1.0), ("pmi", 0.5), ("pmi", 0.0)])
+def test_the_correction_divides_out_the_content_free_prior(tiny_model, tokenizer, correction, weight):
+    """score - λ·log p_cf: all of the prior (λ = 1), half of it, none of it (the raw likelihood)."""
     backend = make_backend(tiny_model, tokenizer)
     raw = Engine(backend, scoring=RAW, use_facts=False)
-    engine = Engine(backend, scoring={t: Scoring("whole", correction) for t in RAW}, use_facts=False)
+    engine = Engine(backend, scoring={t: Scoring("whole", correction, weight) for t in RAW}, use_facts=False)
     got = engine.ask(STATE, QUESTIONS)[0]
     for qid, q in QUESTIONS.items():
         p_state = raw.probabilities(STATE, {qid: q})[0][qid]
         p_free = [raw.probabilities(text, {qid: q})[0][qid] for text in CONTENT_FREE[correction]]
         prior = [sum(p[k] for p in p_free) / len(p_free) for k in range(len(p_state))]
-        want = softmax([math.log(a) - math.log(b) for a, b in zip(p_state, prior)])
+        want = softmax([math.log(a) - weight * math.log(b) for a, b in zip(p_state, prior)])
         have = [got[qid].noul, 1 - got[qid].noul] if q.type == "noul" else list(got[qid].probabilities.values())
         assert max(abs(x - y) for x, y in zip(have, want)) <= TOL
 
 
-@pytest.mark.parametrize("way", ["whole+contextual", "first+contextual", "mean+pmi", "noend+contextual"])
+@pytest.mark.parametrize("way", ["whole+contextual", "first+contextual", "mean+pmi", "noend+contextual", "whole+pmi*0.5"])
 def test_corrected_answers_keep_every_invariance(tiny_model, tokenizer, way):
     scoring = {t: Scoring.parse(way) for t in RAW}
     engine = Engine(make_backend(tiny_model, tokenizer), scoring=scoring)
@@ -96,6 +97,11 @@ def test_a_question_that_leans_whatever_the_text_is_evened_out(tiny_model, token
 def test_scoring_names_parse_and_bad_ones_are_refused():
     assert Scoring.parse("first+contextual") == Scoring("first", "contextual")
     assert str(Scoring.parse("whole")) == "whole"
+    assert Scoring.parse("whole+pmi*0.5") == Scoring("whole", "pmi", 0.5)
+    assert str(Scoring("whole", "pmi", 0.75)) == "whole+pmi*0.75" and str(Scoring("whole", "pmi")) == "whole+pmi"
+    for bad in ("whole+pmi*2", "whole+pmi*x"):
+        with pytest.raises(ValueError):
+            Scoring.parse(bad)
     with pytest.raises(ValueError):
         Scoring.parse("last")
     with pytest.raises(ValueError):

