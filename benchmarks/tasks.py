@@ -16,9 +16,10 @@ Every text is asked every phrasing of its task in one packed pass (benchmarks/re
 keeping the raw answer log-likelihoods and the content-free priors, so that every scoring rule (raw, PMI,
 PMI with a weight on the prior, contextual) and every calibration is measured from one run.
 
-    python -m benchmarks.tasks --items 48 --out out/tasks-qwen05              # the default model, ~10 min
-    python -m benchmarks.tasks --model qwen2.5-coder-1.5b-instruct --items 48 --out out/tasks-qwen15
+    python -m benchmarks.tasks --model qwen2.5-coder-0.5b-instruct --out out/tasks-qwen05     # 1.5 min in bf16
+    python -m benchmarks.tasks --model qwen2.5-coder-1.5b-instruct --out out/tasks-qwen15     # 4 min in bf16
     python -m benchmarks.tasks --report out/tasks-qwen05 out/tasks-qwen15      # tables from saved scores
+    python -m benchmarks.tasks --compare out/tasks-qwen05 out/tasks-qwen15     # the runs side by side
 """
 from __future__ import annotations
 
@@ -240,9 +241,10 @@ def run(args) -> None:
     from prefill import loading
     from prefill.backends.causal_lm import CausalLMBackend
     from prefill.backends.cpu import resolve_dtype
-    source = loading.resolve(args.model)
-    print(f"loading {source.name} ...", file=sys.stderr, flush=True)
-    model, tokenizer = loading.load(source, resolve_dtype(args.dtype))
+    dtype = resolve_dtype(args.dtype)
+    source = loading.resolve(args.model, dtype)
+    print(f"loading {source.name} ({dtype}) ...", file=sys.stderr, flush=True)
+    model, tokenizer = loading.load(source, dtype)
     backend = CausalLMBackend(model, tokenizer, source.name)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -318,6 +320,26 @@ def report(outs: list[Path]) -> dict:
     return result
 
 
+def side_by_side(outs: list[Path]) -> None:
+    """The served scoring, raw, per task x type, the runs next to each other: accuracy (macro-F1 for a
+    choice of more than two), AUC (yes/no) or Spearman (score), ECE; the majority and chance rates."""
+    from prefill.scoring import DEFAULT
+    runs = [load(out) for out in outs]
+    print("| task | type | n | majority / chance | " + " | ".join(m["model"] for m, _ in runs) + " |")
+    print("|---|---|---|---|" + "---|" * len(runs))
+    cells = [grouped(rows, lambda r: (r["task"], r["type"])) for _, rows in runs]
+    means: list[list[float]] = [[] for _ in runs]
+    for key, first in cells[0].items():
+        ms = [task_metrics(c[key], softmax_rows(c[key], DEFAULT[key[1]])) for c in cells]
+        for k, m in enumerate(ms):
+            means[k].append(headline(m))
+        second = lambda m: (f", AUC {m['auc']:.2f}" if "auc" in m else "") + (  # noqa: E731
+            f", ρ {m['spearman']:.2f}" if "spearman" in m else "")
+        print(f"| {key[0]} | {key[1]} | {len(first)} | {ms[0]['majority']:.2f} / {ms[0]['chance']:.2f} | "
+              + " | ".join(f"{headline(m):.2f}{second(m)}, ECE {m['ece']:.2f}" for m in ms) + " |")
+    print("| mean | | | | " + " | ".join(f"{mean(x):.3f}" for x in means) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
@@ -327,8 +349,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")
+    ap.add_argument("--compare", nargs="+", default=None, help="saved runs side by side, served scoring")
     args = ap.parse_args()
-    if args.report:
+    if args.compare:
+        side_by_side([Path(p) for p in args.compare])
+    elif args.report:
         report([Path(p) for p in args.report])
     elif not args.out:
         ap.error("--out is needed to run")
