@@ -275,7 +275,9 @@ def score_items(backend, items, progress: str) -> list[dict]:
 def scores_under(row: dict, way) -> list[float]:
     from prefill.scoring import corrected
     s = row["readouts"][way.readout]
-    return s if way.correction == "none" else corrected(s, row["priors"][str(way)])
+    if way.correction == "none":
+        return s
+    return corrected(s, row["priors"][str(type(way)(way.readout, way.correction))], way.prior_weight)
 
 
 # ---------------------------------------------------------------- metrics

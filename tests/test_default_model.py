@@ -119,13 +119,8 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
 
 # ---------------------------------------------------------------- a newcomer's first questions
 
-NEWCOMER = {
-    "refund": Noul("Is the customer asking for a refund?"),
-    "team": Choice("Which team should handle this ticket?",
-                   {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"}),
-    "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
-    "language": Choice("Which language is the message written in?", ["English", "French", "German"]),
-}
+NEWCOMER = {**{k: QUESTIONS[k] for k in ("refund", "team", "anger")},
+            "language": Choice("Which language is the message written in?", ["English", "French", "German"])}
 THANKS = "Thank you so much, the support team fixed my login issue in minutes. Great service!"
 BROKEN = "The package arrived broken and I want my money back."
 
