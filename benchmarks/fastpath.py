@@ -115,7 +115,7 @@ def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> Non
                 pf.engine.ask(STATE, qs)  # warm: the priors of these questions are cached
 
                 def fresh():
-                    pf.backend._states.clear()
+                    pf.backend.forget_states()
                     pf.engine.ask(STATE, qs)
                 row.append(f"{ms(fresh, 3) / 1000:.2f}")
             print(f"{dtype}, chunks of {size} tokens: 1 / 21 / 100 questions {' / '.join(row)} s", flush=True)

@@ -178,8 +178,8 @@ def ask_obvious(pf, task: str) -> tuple[dict, int]:
 def obvious(args) -> None:
     """--obvious: the newcomer's check, on the served default or on the model, scoring and calibration given."""
     from prefill import Prefill
-    from prefill.cli import _scoring
-    pf = Prefill(args.model, scoring=_scoring(args.scoring),
+    from prefill.settings import scoring_options
+    pf = Prefill(args.model, scoring=scoring_options(args.scoring),
                  calibration=None if args.calibration == "none" else args.calibration)
     print(f"{pf.name}, scoring {dict((t, str(w)) for t, w in pf.engine.scoring.items())}, "
           f"calibration {'none' if pf.engine.calibration is None else pf.engine.calibration.by_type}")

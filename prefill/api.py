@@ -14,20 +14,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
 
-import torch
-
 from . import loading
 from .backends.base import ReadoutUnsupported
-from .backends.causal_lm import CausalLMBackend
 from .backends.cpu import resolve_dtype
+from .backends.factory import build_backend
 from .backends.vllm_lm import NO_READOUTS
 from .calibration import Calibration, shipped
-from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS, Engine
+from .engine import Engine
 from .readout import Readouts
-from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 from .schema import Answer, Choice, Noul, Score
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring
+from .settings import Settings
 
 QuestionT = Noul | Choice | Score
 LORA_CANNOT_SHARE = ("a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
@@ -37,75 +35,35 @@ LORA_CANNOT_SHARE = ("a readout trained with a LoRA adapter changes the base mod
 class Prefill:
     """A model, loaded once, that answers typed questions about a state in one prefill pass."""
 
-    def __init__(self, model: str | None = None, *, dtype: str | None = None, chat: bool | None = None,
-                 system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
-                 score_words: str = DEFAULT_SCORE_WORDS, scoring: Mapping[str, str | Scoring] | None = None,
-                 packing: str = "auto", max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
-                 max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS,
-                 calibration: str | Path | None = "auto", facts: bool = True, readout: str | Path | None = None,
-                 fallback_below: float | None = None, fallback: Any = None, backend: str = "torch",
-                 route: str = "auto"):
-        """`calibration`: "auto" applies the temperatures fitted for this model if prefill ships or has
-        cached them (see `prefill calibrate`), a path applies that file (refused if fitted for another
-        model), None serves the raw model probabilities; a calibration fitted under another prompt or
-        scoring is not applied ("auto", with a warning) or refused (a path). `system`, `noul_words`,
-        `score_words`, `scoring`: the prompt and the training-free readout (render.py, scoring.py; the
-        defaults were chosen on real labelled text, README "Real text"). `facts`: answer single numeric and
-        date comparisons exactly (see facts.py). `readout`: a trained readout (prefill train) for this model.
-        `fallback_below`: questions less sure than this go to `fallback` (a stronger engine, or a remote
-        server: fallback.remote) if given, else are reported as low-confidence (Engine.decide).
-        More readouts on the same weights: `add_readout`; `engines` has them all by served name.
-        `backend`: "torch" (the tree engine, the reference) or "vllm" (backends/vllm_lm.py; same answers,
-        no trained readouts). `route`: "decoder" (a causal LM), "encoder" (a bidirectional encoder with a
-        [MASK] slot per option: backends/encoder.py) or "auto" (by the model's type)."""
-        self.dtype = dtype = resolve_dtype(dtype)
-        source = loading.resolve(model, dtype)
-        prompt = dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words)
-        if route not in ("auto", "decoder", "encoder"):
-            raise ValueError(f"route must be auto, decoder or encoder, not {route!r}")
-        encoder = route == "encoder" or route == "auto" and loading.is_encoder(source)
-        if encoder:
-            if backend != "torch":
-                raise ValueError("the encoder route runs on the torch backend only")
-            from transformers import AutoModel, AutoTokenizer
-
-            from .backends.encoder import EncoderBackend
-            directory = loading.model_directory(source)
-            self.backend = EncoderBackend(AutoModel.from_pretrained(directory, dtype=getattr(torch, dtype)),
-                                          AutoTokenizer.from_pretrained(directory), source.name,
-                                          release_date=source.release_date, fingerprint=loading.fingerprint(source))
-            # The slot scores as they are (no prior, unless a correction is asked for); options are whole here.
-            asked = {t: w if isinstance(w, Scoring) else Scoring.parse(w) for t, w in (scoring or {}).items()}
-            if any(w.readout != "whole" for w in asked.values()):
-                raise ValueError("the encoder route scores whole options: only a correction can be chosen (whole+pmi)")
-            scoring = {**dict.fromkeys(("noul", "choice", "score"), Scoring("whole")), **asked}
-        elif backend == "vllm":
-            if readout:
-                raise ReadoutUnsupported(NO_READOUTS)
-            from transformers import AutoTokenizer
-
-            from .backends.vllm_lm import VLLMBackend
-            directory = loading.model_directory(source)
-            self.backend = VLLMBackend(directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype,
-                                       release_date=source.release_date, fingerprint=loading.fingerprint(source),
-                                       **prompt)
-        elif backend == "torch":
-            hf_model, tokenizer = loading.load(source, dtype)
-            self.backend = CausalLMBackend(hf_model, tokenizer, source.name, release_date=source.release_date,
-                                           packing=packing, fingerprint=loading.fingerprint(source), **prompt)
-        else:
-            raise ValueError(f"backend must be torch or vllm, not {backend!r}")
-        heads = Readouts.load(readout, self.backend.fingerprint) if readout else None
-        if heads is not None and not _can_read(self.backend, heads):
-            raise ReadoutUnsupported(f"{readout}: an early-exit head or a LoRA adapter needs the decoder route")
-        ways = {**DEFAULT_SCORING, **{t: w if isinstance(w, Scoring) else Scoring.parse(w)
-                                      for t, w in (scoring or {}).items()}}
-        self.engine = Engine(self.backend, max_request_tokens=max_request_tokens,
-                             max_sequence_tokens=max_sequence_tokens, scoring=ways,
-                             calibration=find_calibration(calibration, self.backend.fingerprint,
-                                                          setup(self.backend.renderer, ways)), use_facts=facts,
-                             readouts=heads,
-                             fallback_below=fallback_below, fallback=fallback)
+    def __init__(self, model: str | None = None, *, readout: str | Path | None = None, fallback: Any = None,
+                 settings: Settings | None = None, **options: Any):
+        """`Prefill(model, dtype=..., scoring=..., ...)`: any field of `Settings` (settings.py, where each is
+        documented with its command-line flag) as a keyword, or `settings=` a whole `Settings`.
+        `readout`: a trained readout (prefill train) for this model; more on the same weights: `add_readout`,
+        and `engines` has them all by served name. `fallback`: an engine or a remote server (fallback.remote)
+        for questions less sure than `fallback_below` (default: the one the settings' fallback_* describe;
+        none: they are reported as low-confidence, Engine.decide). `calibration`: "auto" applies the
+        temperatures fitted for this model if prefill ships or has cached them (`prefill calibrate`), a path
+        applies that file (refused if fitted for another model or another prompt or scoring), None serves
+        the raw model probabilities."""
+        if settings is None:
+            settings = Settings(model=model, readouts=((None, str(readout)),) if readout else (), **options)
+        self.settings = settings
+        self.dtype = resolve_dtype(settings.dtype)
+        self.backend = build_backend(settings, self.dtype)
+        heads = None
+        if settings.readouts:
+            path = settings.readouts[0][1]
+            heads = Readouts.load(path, self.backend.fingerprint)
+            if not _can_read(self.backend, heads):
+                raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
+        ways = scoring_for(self.backend, settings.scoring)
+        self.engine = Engine(self.backend, max_request_tokens=settings.max_request_tokens,
+                             max_sequence_tokens=settings.max_sequence_tokens, scoring=ways,
+                             calibration=find_calibration(settings.calibration, self.backend.fingerprint,
+                                                          setup(self.backend.renderer, ways)),
+                             use_facts=settings.facts, readouts=heads, fallback_below=settings.fallback_below,
+                             fallback=fallback if fallback is not None else build_fallback(settings))
         self.engines: dict[str, Engine] = {self.engine.name: self.engine}
 
     def add_readout(self, path: str | Path, name: str | None = None) -> Engine:
@@ -113,7 +71,7 @@ class Prefill:
         state cache (the heads are small; only they are loaded). Served as `name` (default: base+folder).
         A readout trained with a LoRA changes the base's weights, so it cannot share them: load it alone
         (`Prefill(readout=...)`)."""
-        if not hasattr(self.backend, "features"):
+        if not self.backend.reads_features:
             raise ReadoutUnsupported(NO_READOUTS)
         heads = Readouts.load(path, self.backend.fingerprint)
         if not _can_read(self.backend, heads):
@@ -155,13 +113,36 @@ class Prefill:
         return self.engine.ask(state, questions, reference_date)[0]
 
 
+def scoring_for(backend, asked: Mapping[str, str | Scoring] | None) -> dict[str, Scoring]:
+    """The training-free readout per question type: the defaults (scoring.py), those asked over them. The
+    encoder route scores its slots as they are (whole options; no prior unless a correction is asked)."""
+    asked_ways = {t: w if isinstance(w, Scoring) else Scoring.parse(w) for t, w in (asked or {}).items()}
+    if backend.route == "encoder":
+        if any(w.readout != "whole" for w in asked_ways.values()):
+            raise ValueError("the encoder route scores whole options: only a correction can be chosen (whole+pmi)")
+        return {**dict.fromkeys(("noul", "choice", "score"), Scoring("whole")), **asked_ways}
+    return {**DEFAULT_SCORING, **asked_ways}
+
+
+def build_fallback(settings: Settings):
+    """The fallback the settings describe: a remote server (--fallback-url), a stronger local model
+    (--fallback-model alone), or none."""
+    if settings.fallback_url:
+        from .fallback import remote
+        return remote(settings.fallback_url, settings.fallback_kind, model=settings.fallback_model,
+                      api_key=settings.fallback_key, timeout=settings.fallback_timeout)
+    if settings.fallback_model:
+        return Prefill(settings.fallback_model, dtype=settings.dtype, max_request_tokens=settings.max_request_tokens,
+                       facts=settings.facts).engine
+    return None
+
+
 def _can_read(backend, heads: Readouts) -> bool:
     """Whether the backend gives what the heads read: hidden states (no vLLM), and for an early-exit head
     or a LoRA adapter the decoder's layer-by-layer pass."""
-    if not hasattr(backend, "features"):
+    if not backend.reads_features:
         return False
-    return (heads.early is None or hasattr(backend, "features_early_exit")) and (
-        heads.adapter is None or hasattr(backend, "merge_adapter"))
+    return (heads.early is None or backend.exits_early) and (heads.adapter is None or backend.merges_adapters)
 
 
 def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:

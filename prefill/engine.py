@@ -238,7 +238,7 @@ class Engine:
                 qtypes.append(q.type)
         branches = list(unique)
         found.n_tokens = self._check_limits(state_ids, branches)
-        if hasattr(self.backend, "truncated"):  # the encoder route cuts a state too long for its positions
+        if self.backend.truncates:  # the encoder route cuts a state too long for its positions
             found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
         return _Prepared(found, asked, state_ids, branches, qtypes, slot)
 

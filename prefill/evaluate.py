@@ -216,3 +216,45 @@ def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibrati
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------- what prefill eval and calibrate report
+
+def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[Scored]:
+    """Every item answered by `pf`'s backend, readouts and scoring, before calibration."""
+    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts,
+                 readouts=pf.engine.readouts, scoring=pf.engine.scoring)
+    return predict(raw, items)
+
+
+def evaluation(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, generate: bool) -> dict:
+    """`prefill eval`'s report: raw, with the engine's calibration (a trained head carries its own),
+    calibrated out of fold, and the model generating its answers (`generate`)."""
+    result: dict = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "items": len(items),
+                    "raw": report(scored)}
+    cal = None if pf.engine.readouts else pf.engine.calibration
+    if cal is not None:
+        result["calibrated"] = report(scored, cal)
+        result["temperatures"] = cal.parameters()
+    result["calibrated_cross_validated"] = cross_validate(pf.name, pf.backend.fingerprint, scored, folds)
+    if generate:
+        result["generate_and_parse"] = generate_baseline(pf.engine, items)
+    return result
+
+
+def calibrate(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int,
+              try_buckets: bool) -> tuple[Calibration, dict]:
+    """`prefill calibrate`: temperatures per question type, and per option-count bucket when those do better
+    out of fold (`try_buckets`), with the held-out numbers behind the choice."""
+    fp = pf.backend.fingerprint
+    per_type = cross_validate(pf.name, fp, scored, folds)
+    result: dict = {"model": pf.name, "items": len(items), "raw": report(scored), "held_out_per_type": per_type}
+    buckets = False
+    if try_buckets:
+        per_bucket = cross_validate(pf.name, fp, scored, folds, buckets=True)
+        result["held_out_per_bucket"] = per_bucket
+        buckets = sum(v["log_loss"] for v in per_bucket.values()) < sum(v["log_loss"] for v in per_type.values())
+    cal = fit(pf.name, fp, scored, buckets=buckets)
+    cal.notes = {"items": len(items), "buckets_used": buckets, "raw": result["raw"],
+                 "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"]}
+    return cal, result

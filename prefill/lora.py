@@ -23,9 +23,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from . import training
 from .evaluate import Item, gold_index
 from .readout import TYPES, Readout, ReadoutConfig
 from .training import Batch, fit_temperatures, mixed_target, objective, question_key
@@ -190,3 +192,30 @@ def split_by_family(units: Sequence[Unit], family: str | None = None) -> tuple[l
     if family is None:
         family = min(families, key=lambda f: (sum(len(u.gold) for u in units if u.family == f), f))
     return [u for u in units if u.family != family], [u for u in units if u.family == family], family
+
+
+def train_adapter(backend, items: Sequence[Item], teacher: dict[str, list[float]], *, early: int, top_layers: int,
+                  rank: int, epochs: int, validation_family: str | None, rl_weight: float, label_weight: float,
+                  model: str, out: Path) -> dict:
+    """`prefill train --kind lora`: a LoRA on the top `top_layers` layers with its head, the epoch chosen on
+    the validation family, saved under `out` (lora/, final.*), and an early-exit head at `early` (below the
+    adapter, so the adapter does not change what it reads); the training report."""
+    label_weight = label_weight if teacher else 1.0
+    units = extract(backend, items, backend.depth - top_layers, teacher)
+    fit, validation, held = split_by_family(units, validation_family)
+    peft_model, final, log = train(backend, fit, validation, top_layers=top_layers, rank=rank, epochs=epochs,
+                                   label_weight=label_weight, rl_weight=rl_weight, model=model,
+                                   fingerprint=backend.fingerprint)
+    peft_model.save_pretrained(out / "lora")
+    final.save(out / "final.json")
+    report = {"final": log, "validation": held}
+    if early:
+        examples = training.extract(backend, items, [early], teacher)
+        held_items = {u.item for u in validation}
+        early_head, report["early"] = training.fit_early(
+            [e for e in examples if e.item not in held_items], [e for e in examples if e.item in held_items],
+            predict(backend, final, validation), early, 0, model=model, fingerprint=backend.fingerprint,
+            rl_weight=rl_weight, label_weight=label_weight)
+        early_head.save(out / "early.json")
+    report.update(items=len(items), saved=str(out))
+    return report

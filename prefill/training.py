@@ -365,3 +365,19 @@ def fit_early(train: Sequence[Example], validation: Sequence[Example], final_on_
     early.cfg.exit_threshold = threshold
     early.cfg.notes.update(log, exit_fit=fit)
     return early, {**log, "exit_threshold": threshold, **fit}
+
+
+def train_heads(backend, items: Sequence[Item], teacher: dict[str, list[float]], layers: Sequence[int], *, kind: str,
+                model: str, rl_weight: float, label_weight: float, out: Path) -> dict:
+    """`prefill train`: the final head (and an early-exit one when `layers` has two) trained on the frozen
+    model's features and saved under `out` as final.* and early.*; the training report."""
+    examples = extract(backend, items, layers, teacher)
+    final, early_head, report = fit_readouts(examples, layers, kind=kind, model=model,
+                                             fingerprint=backend.fingerprint, rl_weight=rl_weight,
+                                             label_weight=label_weight if teacher else 1.0, progress=True)
+    final.save(out / "final.json")
+    if early_head is not None:
+        early_head.save(out / "early.json")
+    report.update(items=len(items), questions=len(examples), layers=list(layers), saved=str(out),
+                  with_teacher=sum(e.teacher is not None for e in examples))
+    return report

@@ -67,7 +67,7 @@ def test_shared_prompt_prefixes_are_read_once_and_stay_exact(tiny_engine):
     qs["team"] = QUESTIONS["team"]
     r = tiny_engine.backend.renderer
     branches = [r.question(q) for q in qs.values()]
-    tree = causal_lm._Tree.build(branches, 10)
+    tree = causal_lm.Tree.build(branches, 10)
     answer_nodes = sum(len(a) - 1 for b in branches for a in b.answers)
     prefixes = {b.prompt[:k] for b in branches for k in range(1, len(b.prompt) + 1)}  # one node each
     assert len(tree.ids) == len(prefixes) + answer_nodes
@@ -156,7 +156,7 @@ def test_leaky_mask_is_detected(tiny_model, tokenizer, monkeypatch):
     """Fault injection: if branches could see each other, the invariance checks above would fail."""
     engine = Engine(make_backend(tiny_model, tokenizer))
     alone = {qid: engine.ask(STATE, {qid: q})[0][qid] for qid, q in QUESTIONS.items()}
-    monkeypatch.setattr(causal_lm._Tree, "visibility", lambda self: torch.ones(len(self.ids), len(self.ids)).tril().bool())
+    monkeypatch.setattr(causal_lm.Tree, "visibility", lambda self: torch.ones(len(self.ids), len(self.ids)).tril().bool())
     leaked, _ = engine.ask(STATE, QUESTIONS)
     assert max_delta(alone, leaked) > 100 * TOL
 
@@ -165,13 +165,13 @@ def test_wrong_positions_are_detected(tiny_model, tokenizer, monkeypatch):
     """Fault injection: branch positions that run on instead of restarting from the parent change answers."""
     engine = Engine(make_backend(tiny_model, tokenizer))
     alone = {qid: engine.ask(STATE, {qid: q})[0][qid] for qid, q in QUESTIONS.items()}
-    build = causal_lm._Tree.build
+    build = causal_lm.Tree.build
 
     def running_positions(chunk, n_state):
         t = build(chunk, n_state)
         t.positions = list(range(n_state, n_state + len(t.ids)))
         return t
-    monkeypatch.setattr(causal_lm._Tree, "build", staticmethod(running_positions))
+    monkeypatch.setattr(causal_lm.Tree, "build", staticmethod(running_positions))
     wrong, _ = engine.ask(STATE, QUESTIONS)
     assert max_delta(alone, wrong) > 100 * TOL
 
@@ -271,7 +271,7 @@ def test_batched_mask_keeps_requests_apart(tiny_model, tokenizer):
 
     def leaky(self, cache, n_state, tree, layers=(), inputs_embeds=None, spans=None):
         return real(self, cache, n_state, tree, layers, inputs_embeds, None)  # every state visible to all
-    backend._states.clear()
+    backend.forget_states()
     causal_lm.CausalLMBackend._tree_pass = leaky
     try:
         leaked = backend.score_many(jobs)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prefill.backends import cpu
-from prefill.backends.causal_lm import _Tree
+from prefill.backends.tree import Tree
 from prefill.engine import Engine
 from prefill.render import Branches
 from prefill.schema import Choice, Noul, Score
@@ -119,7 +119,7 @@ def test_exact_logits_correct_the_normaliser_and_the_answer():
     h[0] = weight[7] * 0.6  # row 0 strongly predicts token 7 (a logit near 20)
     logits32 = h @ weight.T
     logits16 = logits32.to(torch.bfloat16)
-    tree = _Tree.build([Branches((1,), ((7, 9),))], 0)  # one answer of two tokens: read at two rows
+    tree = Tree.build([Branches((1,), ((7, 9),))], 0)  # one answer of two tokens: read at two rows
     assert len(tree.read_from) == 2
     want = tree.sum_logprobs(logits32)[0][0]
     exact = lambda rows, tokens: torch.einsum("nh,nkh->nk", h[rows], weight[tokens])  # noqa: E731
@@ -132,8 +132,8 @@ def test_exact_logits_correct_the_normaliser_and_the_answer():
 def test_exact_logits_are_used_in_bf16(tiny_model, tokenizer, monkeypatch):
     backend = make_backend(copy.deepcopy(tiny_model).to(torch.bfloat16), tokenizer)
     seen = []
-    original = _Tree.sum_logprobs
-    monkeypatch.setattr(_Tree, "sum_logprobs", lambda self, logits, exact=None, **kw:
+    original = Tree.sum_logprobs
+    monkeypatch.setattr(Tree, "sum_logprobs", lambda self, logits, exact=None, **kw:
                         seen.append(exact) or original(self, logits, exact, **kw))
     Engine(backend, scoring=RAW).ask(STATE, QUESTIONS)
     assert seen and all(e is not None for e in seen)

@@ -8,35 +8,73 @@ question's scores depend on the state and that question alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
-
 from ..render import Branches, Renderer
 
 
-class Backend(Protocol):
+class Backend:
+    """What every backend is and does, and which optional abilities it has. Callers read the ability flags
+    (`backend.reads_features`, ...) instead of probing for methods; an ability a backend lacks raises
+    NotImplementedError if called anyway.
+
+    Required: the attributes below and `score`. Optional, each with its flag:
+    - `score_many(jobs)`: `score` for several (state, questions) at once in shared passes (`batches`; the
+      default runs one `score` per job);
+    - `features(state, questions, layers)`: hidden states from the same pass, for trained heads
+      (`reads_features`; the decoder and encoder routes);
+    - `features_early_exit(state, questions, early, final, exits)`: a head read at an early layer, the rest of
+      the pass run only for the questions it is unsure of (`exits_early`; the decoder route);
+    - `merge_adapter(path)`: a LoRA trained by `prefill train --kind lora`, merged into the weights
+      (`merges_adapters`);
+    - `truncated(n_state, question)`: whether a question is read with its state cut (`truncates`; the
+      encoder route, whose positions are few);
+    - `generate`-capable `model` (`generates`: `prefill eval --generate`'s baseline);
+    - `forget_states()`: drop the states kept for later requests (benchmarks time cold requests);
+    - `close()`: release what the backend started (vLLM's engine core); the default does nothing.
+    `route` is "decoder" or "encoder" (the encoder route has no answer log-likelihoods of its own: untrained,
+    its answers are near chance, which the commands say)."""
     name: str                 # the served model name
     description: str
     release_date: str         # YYYY-MM-DD, for GET /v1/models
     fingerprint: str          # identifies the weights: calibrations and readouts are tied to it
     renderer: Renderer
     max_context: int          # longest state + question + answer the model can position
+    route = "decoder"
+    batches = False
+    reads_features = False
+    exits_early = False
+    merges_adapters = False
+    truncates = False
+    generates = False
 
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         """Log-likelihood of each answer's whole token sequence given the state and its question."""
-        ...
+        raise NotImplementedError
 
-    # Optional: score_many(jobs), `score` for several (state, questions) at once in shared passes; the
-    # module function score_many below falls back to one `score` per job.
-    # Backends that serve trained readouts also have features(state, questions, layers) (hidden states
-    # from the same packed pass) and features_early_exit(state, questions, early, final, exits); for a
-    # readout trained with a LoRA, merge_adapter(path), which the Engine calls.
+    def score_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Branches]]]) -> list[list[list[float]]]:
+        return [self.score(state, questions) for state, questions in jobs]
+
+    def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int]) -> list:
+        raise NotImplementedError(f"{self.name} gives no hidden states")
+
+    def features_early_exit(self, state, questions, early: int, final: int, exits) -> tuple:
+        raise NotImplementedError(f"{self.name} has no early exit")
+
+    def merge_adapter(self, path) -> None:
+        raise NotImplementedError(f"{self.name} cannot merge a LoRA")
+
+    def truncated(self, n_state: int, question: Branches) -> bool:
+        return False
+
+    def forget_states(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def score_many(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Branches]]]) -> list[list[list[float]]]:
     """`backend.score` for each (state, questions) job, in shared passes where the backend can."""
-    if hasattr(backend, "score_many"):
-        return backend.score_many(jobs)
-    return [backend.score(state, questions) for state, questions in jobs]
+    return backend.score_many(jobs)
 
 
 class ReadoutUnsupported(ValueError):

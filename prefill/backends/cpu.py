@@ -24,9 +24,11 @@ MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -109,3 +111,47 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight, self.bias)
     out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
     return out if self.bias is None else out + self.bias
+
+
+# ---------------------------------------------------------------- exact answer logits in bf16
+
+@contextlib.contextmanager
+def head_input(model, dtype: torch.dtype) -> Iterator[list[torch.Tensor]]:
+    """While the block runs, what the LM head reads (the final hidden states of the rows it scores).
+    Only under reduced precision with a plain linear head (see `exact_logits`)."""
+    captured: list[torch.Tensor] = []
+    head = model.get_output_embeddings()
+    if dtype == torch.float32 or type(head) is not torch.nn.Linear or _scales_logits(model.config):
+        yield captured
+        return
+    hook = head.register_forward_pre_hook(lambda _m, args: captured.append(args[0][0]))
+    try:
+        yield captured
+    finally:
+        hook.remove()
+
+def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
+    """In bf16 the head's logits are rounded to 8 significant bits (a logit of 20 to within 0.06), as much
+    error as the whole bf16 body adds to an answer. So `sum_logprobs` recomputes in fp32, from the head's
+    input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
+    rest of the vocabulary stays bf16: a top-k and a few dot products, where an fp32 head would cost 4-5x
+    the bf16 one, for the same answers (README "The CPU's matrix units", measured by `python -m
+    benchmarks.fastpath --micro` and `--precision`). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32
+    logits, or None."""
+    if not head_input:
+        return None
+    hidden = head_input[0]
+    head = model.get_output_embeddings()
+
+    def exact(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """rows (n,), tokens (n, k) -> their logits (n, k) in fp32."""
+        out = torch.einsum("nh,nkh->nk", hidden[rows].float(), head.weight[tokens].float())
+        return out + head.bias[tokens].float() if head.bias is not None else out
+    return exact
+
+
+def _scales_logits(cfg) -> bool:
+    """Whether the model transforms its head's output (soft-capping, a logit scale): then the head's own
+    logits are read as they are."""
+    cfg = cfg.get_text_config(decoder=True)
+    return bool(getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None))

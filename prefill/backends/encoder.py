@@ -41,7 +41,7 @@ import torch
 from ..render import Branches, _inline, render_text
 from ..schema import Choice, Noul, Score
 from .cpu import pack_linears
-from .base import RequestTooLarge
+from .base import Backend, RequestTooLarge
 from .causal_lm import Features
 
 # Model types read as bidirectional encoders (auto-detected: `--route auto`).
@@ -90,8 +90,10 @@ class EncoderRenderer:
         return Slots(self._ids(text), tuple(self._ids(o) for o in options), ordered=isinstance(q, Score))
 
 
-class EncoderBackend:
+class EncoderBackend(Backend):
     """Scores each declared option of a question by its [MASK] slot (see the module docstring)."""
+    route = "encoder"
+    reads_features = truncates = True
 
     def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
                  fingerprint: str = "", batch_size: int = 16):

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM, Branches, Renderer
+from .base import Backend
 
 NO_READOUTS = ("trained readouts read the model's hidden states, which vLLM does not return for prompt tokens; "
                "serve them with the torch backend (the default, --backend torch)")
@@ -74,9 +75,10 @@ def _children() -> set[int]:
     return out
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """Scores answers as whole-sequence log-likelihoods with vLLM's `LLM`, in this process (its engine core
     runs in a child process vLLM starts). Same interface as CausalLMBackend's `score`/`score_many`."""
+    batches = True
 
     def __init__(self, directory: str | Path, tokenizer, name: str, *, dtype: str = "float32",
                  description: str = "", release_date: str = "", chat: bool | None = None,

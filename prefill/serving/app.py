@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -92,6 +92,15 @@ class _Slot:
         raise ApiError(503, "loading", "the model is still loading; retry shortly", {"Retry-After": "2"})
 
 
+@dataclass
+class _Context:
+    """What the routes read from `request.app.state.prefill`."""
+    slot: _Slot
+    scheduler: Scheduler
+    telemetry: Telemetry
+    keys: list[bytes]
+
+
 def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Engine | Mapping[str, Engine] | Served],
                *, api_keys: Sequence[str] = (), max_body_bytes: int = MAX_BODY_BYTES,
                max_queue: int = DEFAULT_MAX_QUEUE, max_wait_s: float = DEFAULT_MAX_WAIT_S,
@@ -100,134 +109,161 @@ def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Eng
     background thread). `max_queue`, `max_wait_s`, `max_batch`, `batching`: the scheduler's admission
     control and cross-request batching (scheduler.py)."""
     slot = _Slot()
-    keys = [k.encode() for k in api_keys if k]
     app = FastAPI(title="prefill", description="TypeSafe System One API, answered in one prefill pass.")
     telemetry = Telemetry(lambda: scheduler.depth,
                           lambda: [e.backend for e in slot.engine.engines.values()] if slot.engine else [])
     scheduler = Scheduler(max_queue=max_queue, max_wait_s=max_wait_s, max_batch=max_batch, batching=batching,
                           on_batch=lambda n, _seconds: telemetry.batch.observe(n))
     app.state.scheduler = scheduler
+    app.state.prefill = _Context(slot, scheduler, telemetry, [k.encode() for k in api_keys if k])
+    _lifecycle(app, slot, scheduler, engine)
+    app.include_router(router)
+    for error, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(error, handler)
+    app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
+    app.add_middleware(CountRequests, telemetry=telemetry)
+    return app
+
+
+def _lifecycle(app: FastAPI, slot: _Slot, scheduler: Scheduler, engine) -> None:
+    """The engines, given or loaded in a background thread at start-up; on shutdown the scheduler stops and
+    the backends close."""
     app.router.on_shutdown.append(scheduler.close)
 
     def close_backends() -> None:
         """Backends that hold processes (vLLM's engine core) stop with the server: uvicorn ends a SIGTERM'd
         process by re-raising the signal, so atexit never runs and the children would be orphaned."""
         for backend in {id(e.backend): e.backend for e in slot.engine.engines.values()}.values() if slot.engine else ():
-            if hasattr(backend, "close"):
-                backend.close()
+            backend.close()
     app.router.on_shutdown.append(close_backends)
-
     if not callable(engine):
         slot.engine = Served.of(engine)
-    else:
-        def load() -> None:
-            try:
-                slot.engine = Served.of(engine())
-            except Exception as e:  # noqa: BLE001 — reported on /health and to every request
-                log.exception("model load failed")
-                slot.failure = f"{type(e).__name__}: {e}"
-        app.router.on_startup.append(lambda: threading.Thread(target=load, name="prefill-load", daemon=True).start())
+        return
 
-    def authenticate(request: Request) -> None:
-        if not keys:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise ApiError(401, "authentication_error", "an API key is required: send Authorization: Bearer <key>",
-                           {"WWW-Authenticate": "Bearer"})
-        given_b = given.strip().encode()
-        ok = False
-        for k in keys:  # constant time per key, and every key is compared
-            ok |= hmac.compare_digest(given_b, k)
-        if not ok:
-            raise ApiError(401, "authentication_error", "the API key is not valid", {"WWW-Authenticate": "Bearer"})
-
-    @app.get("/health")
-    def health():
-        if slot.engine is not None:
-            return {"status": "ok", "model": slot.engine.default, "models": list(slot.engine.engines)}
-        status = "failed" if slot.failure else "loading"
-        return JSONResponse({"status": status, "error": slot.failure}, 503, headers={"Retry-After": "2"})
-
-    @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
-    def models():
-        served = slot.get()
-        return ModelList(models=[ModelInfo(name=n, release_date=served.engine(n).backend.release_date,
-                                           description=served.engines[n].description if n in served.engines
-                                           else f"alias of {served.default}") for n in served.names()])
-
-    @app.get("/metrics", dependencies=[Depends(authenticate)])
-    def metrics():
-        return Response(telemetry.render(), media_type=PROMETHEUS_TEXT)
-
-    @app.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
-    async def systemone(req: SystemOneRequest, request: Request):
-        e = slot.get().engine(req.model)
-        call = (req.state, req.questions, req.x_reference_date)
+    def load() -> None:
         try:
-            job = scheduler.submit(e, call)
-        except Overloaded as err:
-            raise ApiError(429, "rate_limit_error", str(err), {"Retry-After": str(err.retry_after)}) from err
-        try:
-            found = await _outcome(job, request)
-        except (DeadlineExceeded, _ClientGone) as err:
-            retry = getattr(err, "retry_after", 1)
-            raise ApiError(503, "overloaded_error", str(err), {"Retry-After": str(retry)}) from err
-        except RequestTooLarge as err:
-            raise ApiError(413, "request_too_large", str(err)) from err
-        except ReadoutUnsupported as err:
-            raise ApiError(400, "invalid_request_error", str(err)) from err
-        d = await run_in_threadpool(e.conclude, *call, found)
-        telemetry.answered(d)
-        body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
-        # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
-        for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated),
-                          ("x_truncated", d.truncated)):
-            if qids:
-                body[key] = qids
-        return JSONResponse(body)
+            slot.engine = Served.of(engine())
+        except Exception as e:  # noqa: BLE001 — reported on /health and to every request
+            log.exception("model load failed")
+            slot.failure = f"{type(e).__name__}: {e}"
+    app.router.on_startup.append(lambda: threading.Thread(target=load, name="prefill-load", daemon=True).start())
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError):
-        return _error(exc.status, exc.error_type, exc.message, exc.headers)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
-        kinds = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return _error(exc.status_code, kinds.get(exc.status_code, "invalid_request_error"), message, exc.headers)
+# ---------------------------------------------------------------- routes
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError):
-        detail = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-                  for err in exc.errors()]
-        return JSONResponse({"detail": detail}, 422)
+def authenticate(request: Request) -> None:
+    keys = request.app.state.prefill.keys
+    if not keys:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise ApiError(401, "authentication_error", "an API key is required: send Authorization: Bearer <key>",
+                       {"WWW-Authenticate": "Bearer"})
+    given_b = given.strip().encode()
+    ok = False
+    for k in keys:  # constant time per key, and every key is compared
+        ok |= hmac.compare_digest(given_b, k)
+    if not ok:
+        raise ApiError(401, "authentication_error", "the API key is not valid", {"WWW-Authenticate": "Bearer"})
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception):
-        log.exception("internal error", exc_info=exc)
-        return _error(500, "internal_error", "internal error; the server log has the details")
 
-    async def _outcome(job: Job, request: Request):
-        """The job's result, once the worker has run it; dropped unrun if its client disconnects or its
-        deadline passes while it waits (a job already running is waited for: its answer is seconds away)."""
-        result = asyncio.wrap_future(job.future)
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({result, gone}, timeout=wait_time(job, scheduler.max_wait_s),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if result not in done and scheduler.drop(job):
-                if gone in done:
-                    raise _ClientGone("the client disconnected; its request was dropped unanswered")
-                raise DeadlineExceeded(scheduler.max_wait_s, scheduler.retry_after())
-            return await result
-        finally:
-            gone.cancel()
+router = APIRouter()
 
-    app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
-    app.add_middleware(CountRequests, telemetry=telemetry)
-    return app
+
+@router.get("/health")
+def health(request: Request):
+    slot = request.app.state.prefill.slot
+    if slot.engine is not None:
+        return {"status": "ok", "model": slot.engine.default, "models": list(slot.engine.engines)}
+    status = "failed" if slot.failure else "loading"
+    return JSONResponse({"status": status, "error": slot.failure}, 503, headers={"Retry-After": "2"})
+
+
+@router.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
+def models(request: Request):
+    served = request.app.state.prefill.slot.get()
+    return ModelList(models=[ModelInfo(name=n, release_date=served.engine(n).backend.release_date,
+                                       description=served.engines[n].description if n in served.engines
+                                       else f"alias of {served.default}") for n in served.names()])
+
+
+@router.get("/metrics", dependencies=[Depends(authenticate)])
+def metrics(request: Request):
+    return Response(request.app.state.prefill.telemetry.render(), media_type=PROMETHEUS_TEXT)
+
+
+@router.post("/v1/systemone", response_model=SystemOneResponse, dependencies=[Depends(authenticate)])
+async def systemone(req: SystemOneRequest, request: Request):
+    ctx: _Context = request.app.state.prefill
+    e = ctx.slot.get().engine(req.model)
+    call = (req.state, req.questions, req.x_reference_date)
+    try:
+        job = ctx.scheduler.submit(e, call)
+    except Overloaded as err:
+        raise ApiError(429, "rate_limit_error", str(err), {"Retry-After": str(err.retry_after)}) from err
+    try:
+        found = await _outcome(job, request, ctx.scheduler)
+    except (DeadlineExceeded, _ClientGone) as err:
+        retry = getattr(err, "retry_after", 1)
+        raise ApiError(503, "overloaded_error", str(err), {"Retry-After": str(retry)}) from err
+    except RequestTooLarge as err:
+        raise ApiError(413, "request_too_large", str(err)) from err
+    except ReadoutUnsupported as err:
+        raise ApiError(400, "invalid_request_error", str(err)) from err
+    d = await run_in_threadpool(e.conclude, *call, found)
+    ctx.telemetry.answered(d)
+    body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
+    # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
+    for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated),
+                      ("x_truncated", d.truncated)):
+        if qids:
+            body[key] = qids
+    return JSONResponse(body)
+
+
+async def _outcome(job: Job, request: Request, scheduler: Scheduler):
+    """The job's result, once the worker has run it; dropped unrun if its client disconnects or its
+    deadline passes while it waits (a job already running is waited for: its answer is seconds away)."""
+    result = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({result, gone}, timeout=wait_time(job, scheduler.max_wait_s),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if result not in done and scheduler.drop(job):
+            if gone in done:
+                raise _ClientGone("the client disconnected; its request was dropped unanswered")
+            raise DeadlineExceeded(scheduler.max_wait_s, scheduler.retry_after())
+        return await result
+    finally:
+        gone.cancel()
+
+
+# ---------------------------------------------------------------- errors, in TypeSafe's shapes
+
+async def _api_error(_: Request, exc: ApiError):
+    return _error(exc.status, exc.error_type, exc.message, exc.headers)
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException):
+    kinds = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    return _error(exc.status_code, kinds.get(exc.status_code, "invalid_request_error"), message, exc.headers)
+
+
+async def _validation_error(_: Request, exc: RequestValidationError):
+    detail = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+              for err in exc.errors()]
+    return JSONResponse({"detail": detail}, 422)
+
+
+async def _internal_error(_: Request, exc: Exception):
+    log.exception("internal error", exc_info=exc)
+    return _error(500, "internal_error", "internal error; the server log has the details")
+
+
+ERROR_HANDLERS = {ApiError: _api_error, StarletteHTTPException: _http_error,
+                  RequestValidationError: _validation_error, Exception: _internal_error}
 
 
 class _ClientGone(Exception):

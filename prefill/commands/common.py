@@ -1,0 +1,68 @@
+"""What the commands share: the model the settings describe, reading @FILE arguments, usage errors."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from ..settings import Settings
+
+
+def usage_error(message: str) -> None:
+    print(f"prefill: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def read_arg(value: str, as_json: bool) -> object:
+    """A command-line value, or @FILE's contents (a .json file, or `as_json`, parsed as JSON)."""
+    if value.startswith("@"):
+        path = Path(value[1:])
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text) if as_json or path.suffix == ".json" else text
+    return json.loads(value) if as_json else value
+
+
+def has_adapter(path: str) -> bool:
+    from ..readout import Readouts
+    try:
+        return Readouts.load(path).adapter is not None
+    except (OSError, ValueError):
+        return False  # reported when it is loaded for real
+
+
+def build_prefill(settings: Settings, command: str):
+    """The Prefill the settings describe, for `command`: the base model with the fallback, and the readout
+    it reads. Elsewhere than serve, and for a LoRA readout (which changes the weights), the one readout is
+    the engine; `prefill serve` adds its readouts beside the base (commands/serve.py)."""
+    from ..api import Prefill
+    readouts = settings.readouts
+    if len(readouts) > 1 and command != "serve":
+        usage_error(f"prefill {command} takes one --readout (prefill serve takes several)")
+    first = readouts[0] if readouts and (command != "serve" or has_adapter(readouts[0][1])) else None
+    pf = Prefill(settings=settings.replace(readouts=(first,) if first else ()))
+    if first and first[0]:
+        pf.engine.served_as = first[0]
+        pf.engines = {pf.engine.name: pf.engine}
+    if not readouts and command in ("ask", "serve", "eval", "batch") and pf.backend.route == "encoder":
+        # a newcomer's first question on an encoder gets a near-uniform answer: say why, and what to do
+        print(f"prefill: {pf.name} is on the encoder route with no trained head, where answers are at chance (near "
+              f"uniform: measured on twelve tasks); train one: prefill train DATA --model {pf.name} --out HEAD, "
+              "then --readout HEAD (README 'Encoder route vs decoder route')", file=sys.stderr)
+    return pf
+
+
+def check_vllm(settings: Settings, command: str, generate: bool = False) -> None:
+    """--backend vllm: what it cannot do, told at once (exit 2) rather than after vLLM has started."""
+    from ..backends.vllm_lm import NO_READOUTS
+    if settings.route == "encoder":
+        usage_error("the encoder route runs on the torch backend only")
+    if command in ("train", "bench"):
+        usage_error(f"prefill {command} needs the torch backend (it reads hidden states or times torch passes)")
+    if settings.readouts:
+        usage_error(f"--readout with --backend vllm: {NO_READOUTS}")
+    if generate:
+        usage_error("eval --generate needs the torch backend")
+    if importlib.util.find_spec("vllm") is None:
+        usage_error("--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
+                    "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec")
