@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 VLLM   := .venv-vllm
 ARGS   ?=
 
-.PHONY: setup serve test bench vllm-setup vllm-serve encoders
+.PHONY: setup serve test lint bench vllm-setup vllm-serve encoders
 setup: $(VENV)/.installed
 vllm-setup: $(VLLM)/.installed
 
@@ -54,5 +54,9 @@ vllm-serve: vllm-setup
 serve: setup
 	$(BIN)/prefill serve --host 0.0.0.0 --port 8000 $(ARGS)
 
-test: setup vllm-setup
+test: setup vllm-setup lint
 	PREFILL_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check prefill tests benchmarks
+	$(BIN)/ruff format --check prefill tests benchmarks

@@ -4,6 +4,7 @@ another dtype (default bfloat16), same model, same options; top-answer agreement
     python -m benchmarks.dtype out/heldout-families-test.jsonl
     python -m benchmarks.dtype out/heldout-families-test.jsonl --readout out/readout-smollm2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,17 @@ def main() -> None:
     base, low = runs["float32"], runs[args.dtype]
     top = lambda p: max(range(len(p)), key=p.__getitem__)  # noqa: E731
     deltas = [max(abs(a - b) for a, b in zip(x.probs, y.probs)) for x, y in zip(base, low)]
-    result = {"data": args.data, "readout": args.readout, "questions": len(base), "dtype": args.dtype,
-              "top_answer_agreement": round(sum(top(x.probs) == top(y.probs) for x, y in zip(base, low)) / len(base), 4),
-              "max_abs_dp": round(max(deltas), 4), "mean_max_abs_dp": round(statistics.mean(deltas), 4),
-              "accuracy_float32": round(sum(top(x.probs) == x.gold for x in base) / len(base), 4),
-              f"accuracy_{args.dtype}": round(sum(top(y.probs) == y.gold for y in low) / len(low), 4)}
+    result = {
+        "data": args.data,
+        "readout": args.readout,
+        "questions": len(base),
+        "dtype": args.dtype,
+        "top_answer_agreement": round(sum(top(x.probs) == top(y.probs) for x, y in zip(base, low)) / len(base), 4),
+        "max_abs_dp": round(max(deltas), 4),
+        "mean_max_abs_dp": round(statistics.mean(deltas), 4),
+        "accuracy_float32": round(sum(top(x.probs) == x.gold for x in base) / len(base), 4),
+        f"accuracy_{args.dtype}": round(sum(top(y.probs) == y.gold for y in low) / len(low), 4),
+    }
     print(json.dumps(result, indent=2))
 
 

@@ -14,6 +14,7 @@ threads; about a minute, then about two for the chunk sizes on the default model
     python -m benchmarks.fastpath --chunks
     python -m benchmarks.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,16 +29,22 @@ import torch.nn.functional as F
 
 def row(report: dict) -> str:
     s = report.get("fast_path") or report["semif"]
-    llama = (f"{s['llamacpp_json_s']:.2f} s: **{s['speedup_vs_llamacpp']:.1f}×**" if "llamacpp_json_s" in s
-             else s.get("llamacpp_skipped", "-"))
+    llama = (
+        f"{s['llamacpp_json_s']:.2f} s: **{s['speedup_vs_llamacpp']:.1f}×**"
+        if "llamacpp_json_s" in s
+        else s.get("llamacpp_skipped", "-")
+    )
     where = s.get("where_time_goes_s", {})
-    split = " / ".join(f"{where[k]:.2f}" for k in ("state pass", "tree pass", "answer log-probabilities", "rest")
-                       if k in where)
-    return (f"| {report['model']} | {s['dtype']} | **{s['prefill_s']:.3f} s** | {s['generate_json_s']:.2f} s: "
-            f"{s['speedup_vs_generate']:.1f}× | {llama} | {s['one_question_s']:.3f} s: {s['ratio_to_one_question']:.2f} | "
-            f"{s['prefill_tokens_run']} tokens, {s['matrix_gflop']:.0f} GFLOP: {s['achieved_gflops']:.0f} GFLOP/s | "
-            f"{s['bare_bf16_linear_gflops']:.0f} / {s['bare_fp32_linear_gflops']:.0f} GFLOP/s: "
-            f"**{100 * s['share_of_bf16_linear']:.0f} %** | {split} |")
+    split = " / ".join(
+        f"{where[k]:.2f}" for k in ("state pass", "tree pass", "answer log-probabilities", "rest") if k in where
+    )
+    return (
+        f"| {report['model']} | {s['dtype']} | **{s['prefill_s']:.3f} s** | {s['generate_json_s']:.2f} s: "
+        f"{s['speedup_vs_generate']:.1f}× | {llama} | {s['one_question_s']:.3f} s: {s['ratio_to_one_question']:.2f} | "
+        f"{s['prefill_tokens_run']} tokens, {s['matrix_gflop']:.0f} GFLOP: {s['achieved_gflops']:.0f} GFLOP/s | "
+        f"{s['bare_bf16_linear_gflops']:.0f} / {s['bare_fp32_linear_gflops']:.0f} GFLOP/s: "
+        f"**{100 * s['share_of_bf16_linear']:.0f} %** | {split} |"
+    )
 
 
 def ms(fn, repeats: int = 5) -> float:
@@ -54,6 +61,7 @@ def ms(fn, repeats: int = 5) -> float:
 def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 151936) -> None:
     """The choices of prefill/backends/cpu.py and causal_lm.py, each timed against its alternative."""
     from prefill.backends.cpu import PACK_ROWS_HINT
+
     mk = torch.ops.mkldnn
     torch.manual_seed(0)
     bf16 = torch.bfloat16
@@ -62,9 +70,12 @@ def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 1
     with torch.inference_mode():
         for rows in (3, 388, 771):
             x = torch.randn(1, rows, hidden, dtype=bf16)
-            print(f"{layers} x Linear({hidden}, {inner}) on {rows} rows, bf16: F.linear "
-                  f"{ms(lambda: [F.linear(x, w) for w in ws])} ms, oneDNN-packed "
-                  f"{ms(lambda: [mk._linear_pointwise(x, p, None, 'none', [], '') for p in packed])} ms", flush=True)
+            print(
+                f"{layers} x Linear({hidden}, {inner}) on {rows} rows, bf16: F.linear "
+                f"{ms(lambda: [F.linear(x, w) for w in ws])} ms, oneDNN-packed "
+                f"{ms(lambda: [mk._linear_pointwise(x, p, None, 'none', [], '') for p in packed])} ms",
+                flush=True,
+            )
         x = torch.randn(1, 391, hidden, dtype=bf16)
         g, u, d = ws[0], ws[1], torch.randn(hidden, inner, dtype=bf16)
         gu = torch.cat([g, u])
@@ -72,32 +83,48 @@ def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 1
         def fused():
             a, b = F.linear(x, gu).chunk(2, -1)
             return F.linear(F.silu(a) * b, d)
-        print(f"MLP on 391 rows: gate and up apart {ms(lambda: F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d), 20)} "
-              f"ms, one gate+up matrix {ms(fused, 20)} ms", flush=True)
+
+        print(
+            f"MLP on 391 rows: gate and up apart "
+            f"{ms(lambda: F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d), 20)} "
+            f"ms, one gate+up matrix {ms(fused, 20)} ms",
+            flush=True,
+        )
         layer_f32 = [torch.nn.Linear(hidden, inner) for _ in range(layers)]
         x32 = torch.randn(1, 388, hidden)
         line = []
         for engine in ("onednn", "x86", "fbgemm"):
             if engine in torch.backends.quantized.supported_engines:
                 torch.backends.quantized.engine = engine
-                q = [torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(m), {torch.nn.Linear}, dtype=torch.qint8)
-                     for m in layer_f32]
+                q = [
+                    torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(m), {torch.nn.Linear}, dtype=torch.qint8)
+                    for m in layer_f32
+                ]
                 line.append(f"{engine} {ms(lambda: [m(x32) for m in q])} ms")
         xb = x32.to(bf16)
-        print(f"int8 dynamic quantisation, {layers} layers on 388 rows: {', '.join(line)}; packed bf16 "
-              f"{ms(lambda: [mk._linear_pointwise(xb, p, None, 'none', [], '') for p in packed])} ms", flush=True)
+        print(
+            f"int8 dynamic quantisation, {layers} layers on 388 rows: {', '.join(line)}; packed bf16 "
+            f"{ms(lambda: [mk._linear_pointwise(xb, p, None, 'none', [], '') for p in packed])} ms",
+            flush=True,
+        )
         head = torch.randn(vocab, hidden, dtype=bf16) * 0.02
         head32 = head.float()
         rows = torch.randn(60, hidden, dtype=bf16)
-        print(f"LM head, 60 rows: bf16 {ms(lambda: F.linear(rows, head))} ms, fp32 "
-              f"{ms(lambda: F.linear(rows.float(), head32))} ms", flush=True)
+        print(
+            f"LM head, 60 rows: bf16 {ms(lambda: F.linear(rows, head))} ms, fp32 "
+            f"{ms(lambda: F.linear(rows.float(), head32))} ms",
+            flush=True,
+        )
         q = torch.randn(1, 14, 500, 64, dtype=bf16)
         k, v = torch.randn(1, 14, 900, 64, dtype=bf16), torch.randn(1, 14, 900, 64, dtype=bf16)
         allowed = torch.rand(500, 900) > 0.3
         additive = torch.zeros(1, 1, 500, 900, dtype=bf16).masked_fill_(~allowed, torch.finfo(bf16).min)
-        print(f"SDPA, 500 queries over 900 keys, bf16: additive mask "
-              f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=additive), 20)} ms, boolean mask "
-              f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None]), 20)} ms", flush=True)
+        print(
+            f"SDPA, 500 queries over 900 keys, bf16: additive mask "
+            f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=additive), 20)} ms, boolean mask "
+            f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None]), 20)} ms",
+            flush=True,
+        )
 
 
 def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> None:
@@ -105,6 +132,7 @@ def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> Non
     state, median of 3."""
     from prefill import Prefill
     from prefill.bench import STATE, nouls
+
     for dtype in dtypes:
         pf = Prefill(dtype=dtype, facts=False)
         for size in sizes:
@@ -117,13 +145,16 @@ def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> Non
                 def fresh():
                     pf.backend.forget_states()
                     pf.engine.ask(STATE, qs)
+
                 row.append(f"{ms(fresh, 3) / 1000:.2f}")
             print(f"{dtype}, chunks of {size} tokens: 1 / 21 / 100 questions {' / '.join(row)} s", flush=True)
 
 
-PRECISION_STATES = ["I was charged twice for order #4471 and the refund never arrived.",
-                    "The package arrived broken and I want my money back.",
-                    "Thanks, the support team fixed my login issue in minutes. Great service!"]
+PRECISION_STATES = [
+    "I was charged twice for order #4471 and the refund never arrived.",
+    "The package arrived broken and I want my money back.",
+    "Thanks, the support team fixed my login issue in minutes. Great service!",
+]
 
 
 def precision() -> None:
@@ -134,9 +165,14 @@ def precision() -> None:
     from prefill import Choice, Prefill, Score
     from prefill.backends import causal_lm
     from prefill.bench import STATE, nouls
-    qs = {**nouls(21), "team": Choice("Which team should handle this ticket?", ["Billing", "Technical support", "Sales",
-                                                                               "Account management"]),
-          "anger": Score("How frustrated is the customer?", ["Calm", "Slightly annoyed", "Frustrated", "Very angry"])}
+
+    qs = {
+        **nouls(21),
+        "team": Choice(
+            "Which team should handle this ticket?", ["Billing", "Technical support", "Sales", "Account management"]
+        ),
+        "anger": Score("How frustrated is the customer?", ["Calm", "Slightly annoyed", "Frustrated", "Very angry"]),
+    }
 
     def flat(a) -> list[float]:
         return [a.noul, 1 - a.noul] if a.type == "noul" else list(a.probabilities.values())
@@ -154,23 +190,33 @@ def precision() -> None:
     causal_lm.CausalLMBackend._exact_logits = original
     for name, got in (("bf16 logits as they are", rounded), ("answer and top-16 logits in fp32 (served)", served)):
         gaps = [max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(ref, got)]
-        agree = sum(max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__)
-                    for x, y in zip(ref, got))
-        print(f"{name}: {len(gaps)} distributions, |dp| vs fp32 mean {statistics.mean(gaps):.4f}, max "
-              f"{max(gaps):.3f}, top answer agrees {agree}/{len(gaps)}", flush=True)
+        agree = sum(
+            max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__) for x, y in zip(ref, got)
+        )
+        print(
+            f"{name}: {len(gaps)} distributions, |dp| vs fp32 mean {statistics.mean(gaps):.4f}, max "
+            f"{max(gaps):.3f}, top answer agrees {agree}/{len(gaps)}",
+            flush=True,
+        )
     from tests.test_default_model import QUESTIONS, TICKET
+
     together = bf.ask(TICKET, QUESTIONS)
     items = list(QUESTIONS.items())[::-1]
     renamed = bf.ask(TICKET, {f"id {i}": q for i, (_, q) in enumerate(items)})
-    worst = max(max(abs(a - b) for a, b in zip(flat(bf.ask(TICKET, q)), flat(other)))
-                for i, (qid, q) in enumerate(items) for other in (together[qid], renamed[f"id {i}"]))
+    worst = max(
+        max(abs(a - b) for a, b in zip(flat(bf.ask(TICKET, q)), flat(other)))
+        for i, (qid, q) in enumerate(items)
+        for other in (together[qid], renamed[f"id {i}"])
+    )
     print(f"bf16 isolation on the test ticket: largest |dp| alone vs packed / reordered / renamed {worst:.4f}")
 
 
 def table(folders: list[str]) -> None:
-    print("| model | dtype | 21 questions, one request | HF generate (JSON): prefill faster by | llama.cpp server "
-          "(JSON, same GGUF): prefill faster by | 1 question: 21q/1q | matrix work, achieved | bare linear bf16 / fp32 "
-          "(this run): engine's share of bf16 | seconds: state / tree / log-probs / rest |")
+    print(
+        "| model | dtype | 21 questions, one request | HF generate (JSON): prefill faster by | llama.cpp server "
+        "(JSON, same GGUF): prefill faster by | 1 question: 21q/1q | matrix work, achieved | bare linear bf16 / fp32 "
+        "(this run): engine's share of bf16 | seconds: state / tree / log-probs / rest |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for folder in folders:
         print(row(json.loads((Path(folder) / "bench.json").read_text())))

@@ -3,6 +3,7 @@ labelled JSONL ({state, questions, gold, family} per line), for `prefill eval` a
 
     python -m benchmarks.labelled --per-family 40 --seed 7 --out data/sys1bench-train.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ GENERATORS = ("support_tickets", "phishing_email", "log_triage", "policy_complia
 
 def sys1bench_rows(n_per_family: int, seed: int = 7, families: tuple[str, ...] = GENERATORS) -> list[dict]:
     from sys1bench.generators import get_generator
+
     rows = []
     for family in families:
         for task in get_generator(family, n=n_per_family, seed=seed).generate():
@@ -28,13 +30,19 @@ def sys1bench_rows(n_per_family: int, seed: int = 7, families: tuple[str, ...] =
                     keys = [c.key for c in q.criteria]
                     if q.ground_truth not in keys:  # "none of the above" items: not a declared option
                         continue
-                    questions[qid] = {"type": "choice", "instructions": q.instructions,
-                                      "criteria": {c.key: c.description or None for c in q.criteria}}
+                    questions[qid] = {
+                        "type": "choice",
+                        "instructions": q.instructions,
+                        "criteria": {c.key: c.description or None for c in q.criteria},
+                    }
                     gold[qid] = q.ground_truth
                 else:
                     levels = [c.level for c in q.criteria]
-                    questions[qid] = {"type": "score", "instructions": q.instructions,
-                                      "criteria": [c.description or str(c.level) for c in q.criteria]}
+                    questions[qid] = {
+                        "type": "score",
+                        "instructions": q.instructions,
+                        "criteria": [c.description or str(c.level) for c in q.criteria],
+                    }
                     gold[qid] = levels.index(q.ground_truth)
             if questions:
                 rows.append({"family": family, "state": task.state, "questions": questions, "gold": gold})

@@ -22,6 +22,7 @@ state cache does not make the load easier than real traffic.
     python -m benchmarks.load --batching on --against "--backend vllm" --against-python .venv-vllm/bin/python \
         --seconds 30 --repeats 1 --sustain 0 --overload-seconds 0                                      # vLLM
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,27 +44,43 @@ import httpx
 
 from prefill.serving.scheduler import DEFAULT_MAX_QUEUE
 
-MESSAGES = ["I was charged twice for my March invoice and still have no refund.",
-            "The app crashes every time I open the settings page since the update.",
-            "Thank you, the replacement arrived today and works perfectly.",
-            "My parcel has been stuck in transit for nine days, where is it?",
-            "Cancel my subscription now or I will dispute the charge with my bank.",
-            "Can I upgrade to the team plan halfway through the month?",
-            "The password reset e-mail never arrives, I tried five times.",
-            "Great support last week, just wanted to say thanks to Anna."]
+MESSAGES = [
+    "I was charged twice for my March invoice and still have no refund.",
+    "The app crashes every time I open the settings page since the update.",
+    "Thank you, the replacement arrived today and works perfectly.",
+    "My parcel has been stuck in transit for nine days, where is it?",
+    "Cancel my subscription now or I will dispute the charge with my bank.",
+    "Can I upgrade to the team plan halfway through the month?",
+    "The password reset e-mail never arrives, I tried five times.",
+    "Great support last week, just wanted to say thanks to Anna.",
+]
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
-    "team": {"type": "choice", "instructions": "Which team should handle this message?",
-             "criteria": {"Billing": "payments, invoices, refunds", "Technical": "bugs, errors, log-in",
-                          "Shipping": "deliveries and parcels", "Sales": "plans and upgrades"}},
-    "anger": {"type": "score", "instructions": "How angry is the customer?",
-              "criteria": ["Calm", "Annoyed", "Angry", "Furious"]},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle this message?",
+        "criteria": {
+            "Billing": "payments, invoices, refunds",
+            "Technical": "bugs, errors, log-in",
+            "Shipping": "deliveries and parcels",
+            "Sales": "plans and upgrades",
+        },
+    },
+    "anger": {
+        "type": "score",
+        "instructions": "How angry is the customer?",
+        "criteria": ["Calm", "Annoyed", "Angry", "Furious"],
+    },
 }
 REFUSED = (429, 503)
 
 
 def payload(i: int) -> dict:
-    return {"model": "jev-latest", "state": f"Ticket #{1000 + i}: {MESSAGES[i % len(MESSAGES)]}", "questions": QUESTIONS}
+    return {
+        "model": "jev-latest",
+        "state": f"Ticket #{1000 + i}: {MESSAGES[i % len(MESSAGES)]}",
+        "questions": QUESTIONS,
+    }
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -112,24 +129,33 @@ class Results:
     def summary(self, seconds: float) -> dict:
         ok = self.latency["ok"]
         refused = len(self.latency["refused"]) + len(self.latency["dropped"])
-        return {"answered": len(ok), "refused": refused, "errors": len(self.latency["error"]),
-                "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
-                "requests_per_s": round(len(ok) / seconds, 3), "p50_s": pct(ok, 0.5), "p99_s": pct(ok, 0.99),
-                "refused_p50_s": pct(self.latency["refused"], 0.5), "refused_p99_s": pct(self.latency["refused"], 0.99),
-                "dropped_p99_s": pct(self.latency["dropped"], 0.99),
-                "problems": self.bad_refusals[:5]}
+        return {
+            "answered": len(ok),
+            "refused": refused,
+            "errors": len(self.latency["error"]),
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "requests_per_s": round(len(ok) / seconds, 3),
+            "p50_s": pct(ok, 0.5),
+            "p99_s": pct(ok, 0.99),
+            "refused_p50_s": pct(self.latency["refused"], 0.5),
+            "refused_p99_s": pct(self.latency["refused"], 0.99),
+            "dropped_p99_s": pct(self.latency["dropped"], 0.99),
+            "problems": self.bad_refusals[:5],
+        }
 
 
 async def closed_loop(url: str, clients: int, seconds: float, first: int = 0, results: Results | None = None) -> dict:
     """`clients` clients, each sending its next request when its last one is answered (or, refused, after
     the Retry-After it was given, as the official SDK does), for `seconds`. With `results`, the outcomes
     are added to those of earlier runs (and `seconds` to theirs)."""
-    results, counter = results or Results(), iter(range(first, 10 ** 9))
+    results, counter = results or Results(), iter(range(first, 10**9))
     stop = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=clients + 4)) as c:
+
         async def client() -> None:
             while time.monotonic() < stop:
                 await asyncio.sleep(await results.send(c, next(counter)))
+
         start = time.monotonic()
         await asyncio.gather(*(client() for _ in range(clients)))
     results.seconds += time.monotonic() - start
@@ -159,7 +185,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(model: str | None, *extra: str, within: float = 600, python: str = sys.executable) -> Iterator[tuple[str, int]]:
+def server(
+    model: str | None, *extra: str, within: float = 600, python: str = sys.executable
+) -> Iterator[tuple[str, int]]:
     """`prefill serve` on a free loopback port, once /health says ok: (url, pid). `python`: the venv's
     interpreter to run it with (.venv-vllm's for --backend vllm)."""
     port = free_port()
@@ -208,6 +236,7 @@ async def watched(pid: int, work) -> tuple[dict, float]:
         while True:
             peak = max(peak, rss_mib(pid))
             await asyncio.sleep(0.25)
+
     watcher = asyncio.ensure_future(watch())
     try:
         return await work, round(peak, 1)
@@ -220,22 +249,35 @@ def say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="the served model (default: prefill's default)")
     p.add_argument("--concurrency", default="1,4,16", help="closed-loop clients, comma-separated")
     p.add_argument("--seconds", type=float, default=15, help="each throughput run's length")
     p.add_argument("--repeats", type=int, default=2, help="throughput runs per setting, interleaved and pooled")
     p.add_argument("--batching", default="both", choices=["both", "on", "off"])
     p.add_argument("--sustain", type=float, default=60, help="seconds at capacity (0: skip)")
-    p.add_argument("--sustain-clients", type=int, default=DEFAULT_MAX_QUEUE,
-                   help="closed-loop clients for the sustained run (default: as many as the default queue holds)")
+    p.add_argument(
+        "--sustain-clients",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help="closed-loop clients for the sustained run (default: as many as the default queue holds)",
+    )
     p.add_argument("--overload", type=float, default=4.0, help="open-loop arrival rate, times the capacity")
     p.add_argument("--overload-seconds", type=float, default=60, help="(0: skip)")
     p.add_argument("--serve-args", default="", help="further `prefill serve` options, e.g. '--max-queue 8'")
-    p.add_argument("--against", default=None, help="also measure `prefill serve AGAINST` (e.g. '--replicas 2'), "
-                                                  "as the setting 'against', interleaved with the others")
-    p.add_argument("--against-python", default=sys.executable,
-                   help="the Python that runs the 'against' server (e.g. .venv-vllm/bin/python for '--backend vllm')")
+    p.add_argument(
+        "--against",
+        default=None,
+        help="also measure `prefill serve AGAINST` (e.g. '--replicas 2'), "
+        "as the setting 'against', interleaved with the others",
+    )
+    p.add_argument(
+        "--against-python",
+        default=sys.executable,
+        help="the Python that runs the 'against' server (e.g. .venv-vllm/bin/python for '--backend vllm')",
+    )
     p.add_argument("--out", default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -256,18 +298,27 @@ def main(argv: list[str] | None = None) -> dict:
             tokens = dict.fromkeys(modes, 0.0)
             for rep in range(args.repeats):  # interleaved, so drift in the machine's speed hits both alike
                 for mode in modes:
-                    say(f"throughput: {n} clients, batching {mode}, {args.seconds:.0f} s (run {rep + 1}/{args.repeats})")
+                    say(
+                        f"throughput: {n} clients, batching {mode}, {args.seconds:.0f} s (run {rep + 1}/{args.repeats})"
+                    )
                     before = model_tokens(servers[mode][0])
-                    row = asyncio.run(closed_loop(servers[mode][0], n, args.seconds, n * 1000 + rep * 100_000,
-                                                  pooled[mode]))
+                    row = asyncio.run(
+                        closed_loop(servers[mode][0], n, args.seconds, n * 1000 + rep * 100_000, pooled[mode])
+                    )
                     tokens[mode] += model_tokens(servers[mode][0]) - before
             for mode in modes:
-                row = {**pooled[mode].summary(pooled[mode].seconds), "clients": n, "batching": mode,
-                       "model_tokens_per_request": round(tokens[mode] / max(1, len(pooled[mode].latency["ok"])))}
+                row = {
+                    **pooled[mode].summary(pooled[mode].seconds),
+                    "clients": n,
+                    "batching": mode,
+                    "model_tokens_per_request": round(tokens[mode] / max(1, len(pooled[mode].latency["ok"]))),
+                }
                 report["throughput"].append(row)
-                say(f"  {n} clients, batching {mode}: {row['requests_per_s']} requests/s, p50 {row['p50_s']} s, "
+                say(
+                    f"  {n} clients, batching {mode}: {row['requests_per_s']} requests/s, p50 {row['p50_s']} s, "
                     f"p99 {row['p99_s']} s, errors {row['errors']}, refused {row['refused']}, "
-                    f"{row['model_tokens_per_request']} model tokens per request")
+                    f"{row['model_tokens_per_request']} model tokens per request"
+                )
         capacity = max(r["requests_per_s"] for r in report["throughput"] if r["batching"] == modes[0])
         url, pid = servers[modes[0]]
         if args.sustain:
@@ -275,20 +326,32 @@ def main(argv: list[str] | None = None) -> dict:
             say(f"sustained: {n} clients at capacity for {args.sustain:.0f} s (batching {modes[0]})")
             row, peak = asyncio.run(watched(pid, closed_loop(url, n, args.sustain, first=900_000)))
             report["sustained"] = {**row, "clients": n, "seconds": args.sustain, "peak_rss_mib": peak}
-            say(f"  {row['answered']} answered, errors {row['errors']}, refused {row['refused']}, "
-                f"p50 {row['p50_s']} s, p99 {row['p99_s']} s, peak RSS {peak} MiB")
+            say(
+                f"  {row['answered']} answered, errors {row['errors']}, refused {row['refused']}, "
+                f"p50 {row['p50_s']} s, p99 {row['p99_s']} s, peak RSS {peak} MiB"
+            )
         if args.overload_seconds:
             rate = args.overload * capacity
-            say(f"overload: {rate:.2f} requests/s ({args.overload}x capacity {capacity}) for "
-                f"{args.overload_seconds:.0f} s, open loop")
+            say(
+                f"overload: {rate:.2f} requests/s ({args.overload}x capacity {capacity}) for "
+                f"{args.overload_seconds:.0f} s, open loop"
+            )
             rss_before = rss_mib(pid)
             row, peak = asyncio.run(watched(pid, open_loop(url, rate, args.overload_seconds)))
             alive = httpx.get(url + "/health", timeout=10).status_code == 200
-            report["overload"] = {**row, "rate": round(rate, 3), "seconds": args.overload_seconds,
-                                  "rss_before_mib": round(rss_before, 1), "peak_rss_mib": peak, "alive_after": alive}
-            say(f"  sent {row['sent']}: {row['answered']} answered (p50 {row['p50_s']} s, p99 {row['p99_s']} s), "
+            report["overload"] = {
+                **row,
+                "rate": round(rate, 3),
+                "seconds": args.overload_seconds,
+                "rss_before_mib": round(rss_before, 1),
+                "peak_rss_mib": peak,
+                "alive_after": alive,
+            }
+            say(
+                f"  sent {row['sent']}: {row['answered']} answered (p50 {row['p50_s']} s, p99 {row['p99_s']} s), "
                 f"{row['refused']} refused (p99 {row['refused_p99_s']} s), errors {row['errors']}, "
-                f"peak RSS {peak} MiB (before {rss_before:.0f}), alive after: {alive}")
+                f"peak RSS {peak} MiB (before {rss_before:.0f}), alive after: {alive}"
+            )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

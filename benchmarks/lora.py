@@ -8,6 +8,7 @@ new items. Run benchmarks/readouts.py first (it caches the test features this re
     python -m benchmarks.lora --out out/readouts                            # lora-top8-r8.json
     python -m benchmarks.lora --out out/readouts --top-layers 4 --rank 4   # lora-top4-r4.json
 """
+
 from __future__ import annotations
 
 import json
@@ -49,25 +50,44 @@ def main() -> None:
     pf = Prefill(facts=False)
     cut = pf.backend.depth - args.top_layers
     t0 = time.perf_counter()
-    train_units = units(pf, [d / "sys1bench-train.jsonl", d / "generated-train.jsonl"],
-                        [d / "teacher-qwen05-sys1bench-train.jsonl", d / "teacher-qwen05-generated-train.jsonl"],
-                        cut, out / f"lora-inputs-train-{cut}.pt", keep=lambda it: it.family not in HELD_OUT)
-    test_units = units(pf, [d / "sys1bench-test.jsonl", d / "generated-test.jsonl"],
-                       [d / "teacher-qwen05-sys1bench-test.jsonl", d / "teacher-qwen05-generated-test.jsonl"],
-                       cut, out / f"lora-inputs-test-{cut}.pt")
+    train_units = units(
+        pf,
+        [d / "sys1bench-train.jsonl", d / "generated-train.jsonl"],
+        [d / "teacher-qwen05-sys1bench-train.jsonl", d / "teacher-qwen05-generated-train.jsonl"],
+        cut,
+        out / f"lora-inputs-train-{cut}.pt",
+        keep=lambda it: it.family not in HELD_OUT,
+    )
+    test_units = units(
+        pf,
+        [d / "sys1bench-test.jsonl", d / "generated-test.jsonl"],
+        [d / "teacher-qwen05-sys1bench-test.jsonl", d / "teacher-qwen05-generated-test.jsonl"],
+        cut,
+        out / f"lora-inputs-test-{cut}.pt",
+    )
     extract_s = time.perf_counter() - t0
     test = torch.load(out / "features-test.pt", weights_only=False)  # readouts.py's: the scoring metadata
     assert [(e.qtype, e.gold) for e in test] == [(t, g) for t, g, _ in lora.labels(test_units)]
-    splits = {"held-out families": [i for i, e in enumerate(test) if e.family in HELD_OUT],
-              "training families, new items": [i for i, e in enumerate(test) if e.family not in HELD_OUT]}
+    splits = {
+        "held-out families": [i for i, e in enumerate(test) if e.family in HELD_OUT],
+        "training families, new items": [i for i, e in enumerate(test) if e.family not in HELD_OUT],
+    }
     n_seen = max(u.item for u in train_units) + 1
     runs, logs = [], []
     for seed in (int(s) for s in args.seeds.split(",")):
         fit_ids, _ = training.split_items(n_seen, 0.2, seed)  # readouts.py's split of seed s
         fit, validation, held = lora.split_by_family([u for u in train_units if u.item in fit_ids])
         t = time.perf_counter()
-        peft_model, head, log = lora.train(pf.backend, fit, validation, top_layers=args.top_layers, rank=args.rank,
-                                           epochs=args.epochs, label_weight=args.label_weight, seed=seed)
+        peft_model, head, log = lora.train(
+            pf.backend,
+            fit,
+            validation,
+            top_layers=args.top_layers,
+            rank=args.rank,
+            epochs=args.epochs,
+            label_weight=args.label_weight,
+            seed=seed,
+        )
         log["train_seconds"] = round(time.perf_counter() - t, 1)
         probs = lora.predict(pf.backend, head, test_units)
         peft_model.unload()  # the base model again, for the next split
@@ -75,13 +95,27 @@ def main() -> None:
         runs.append(result)
         logs.append(log | {"validation_family": held})
         print(json.dumps({"seed": seed, "log": logs[-1], "result": result}, indent=2), flush=True)
-    summary = {name: {"accuracy": [r[name]["accuracy"] for r in runs], "ece": [r[name]["ece"] for r in runs]}
-               for name in splits}
+    summary = {
+        name: {"accuracy": [r[name]["accuracy"] for r in runs], "ece": [r[name]["ece"] for r in runs]}
+        for name in splits
+    }
     for s in summary.values():
-        s.update(accuracy_mean=round(statistics.mean(s["accuracy"]), 4), accuracy_sd=round(statistics.pstdev(s["accuracy"]), 4),
-                 ece_mean=round(statistics.mean(s["ece"]), 4), ece_sd=round(statistics.pstdev(s["ece"]), 4))
-    result = {"top_layers": args.top_layers, "rank": args.rank, "epochs": args.epochs, "extract_seconds": round(extract_s, 1),
-              "seeds": args.seeds, "runs": runs, "logs": logs, "over_seeds": summary}
+        s.update(
+            accuracy_mean=round(statistics.mean(s["accuracy"]), 4),
+            accuracy_sd=round(statistics.pstdev(s["accuracy"]), 4),
+            ece_mean=round(statistics.mean(s["ece"]), 4),
+            ece_sd=round(statistics.pstdev(s["ece"]), 4),
+        )
+    result = {
+        "top_layers": args.top_layers,
+        "rank": args.rank,
+        "epochs": args.epochs,
+        "extract_seconds": round(extract_s, 1),
+        "seeds": args.seeds,
+        "runs": runs,
+        "logs": logs,
+        "over_seeds": summary,
+    }
     (out / f"lora-top{args.top_layers}-r{args.rank}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(summary, indent=2))
 

@@ -11,6 +11,7 @@ generator's own values, never from parsing the text.
     prefill eval out/numbers-dates.jsonl --facts off --out out/eval-facts-off
     prefill eval out/numbers-dates.jsonl --facts on --out out/eval-facts-on
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,18 +54,33 @@ def near(value: float, rng: random.Random, step: float = 1) -> float:
 
 
 def compare(rng: random.Random) -> tuple[str, object]:
-    return rng.choice([("at least", lambda v, t: v >= t), ("more than", lambda v, t: v > t),
-                       ("over", lambda v, t: v > t), ("under", lambda v, t: v < t),
-                       ("less than", lambda v, t: v < t), ("at most", lambda v, t: v <= t),
-                       ("no more than", lambda v, t: v <= t), ("above", lambda v, t: v > t)])
+    return rng.choice(
+        [
+            ("at least", lambda v, t: v >= t),
+            ("more than", lambda v, t: v > t),
+            ("over", lambda v, t: v > t),
+            ("under", lambda v, t: v < t),
+            ("less than", lambda v, t: v < t),
+            ("at most", lambda v, t: v <= t),
+            ("no more than", lambda v, t: v <= t),
+            ("above", lambda v, t: v > t),
+        ]
+    )
 
 
 def noul(text: str) -> dict:
     return {"type": "noul", "instructions": text}
 
 
-def comparison(rng: random.Random, value: float, question: str, *, around: float | None = None, step: float = 1,
-               as_money: bool = False) -> tuple[dict, bool]:
+def comparison(
+    rng: random.Random,
+    value: float,
+    question: str,
+    *,
+    around: float | None = None,
+    step: float = 1,
+    as_money: bool = False,
+) -> tuple[dict, bool]:
     """A yes/no question comparing `value` with a threshold near `around` (default: the value); `question`
     has {} where the comparison goes ("at least $1,200", "over 80"), and its gold answer."""
     word, test = compare(rng)
@@ -80,9 +96,11 @@ def payment(rng: random.Random, today: dt.date) -> dict:
     paid = today - dt.timedelta(days=rng.randrange(0, 40))
     opened = today - dt.timedelta(days=rng.randrange(5, 900))
     method, name = rng.choice(METHODS), rng.choice(NAMES)
-    state = (f"Payment of {money(amount, rng)} made on {date(paid, rng)} by {name} using {method}. "
-             f"The customer's account was opened on {date(opened, rng)}. Previous payment: {money(previous, rng)}. "
-             f"Today is {date(today, rng)}.")
+    state = (
+        f"Payment of {money(amount, rng)} made on {date(paid, rng)} by {name} using {method}. "
+        f"The customer's account was opened on {date(opened, rng)}. Previous payment: {money(previous, rng)}. "
+        f"Today is {date(today, rng)}."
+    )
     q, gold = {}, {}
     q["amount"], gold["amount"] = comparison(rng, amount, "Is the payment amount {}?", step=10, as_money=True)
     q["previous"], gold["previous"] = comparison(rng, previous, "Was the previous payment {}?", step=10, as_money=True)
@@ -91,7 +109,10 @@ def payment(rng: random.Random, today: dt.date) -> dict:
     cut = paid + dt.timedelta(days=rng.choice([-3, -1, 0, 1, 4]))
     q["before"], gold["before"] = noul(f"Was the payment made before {date(cut, rng)}?"), paid < cut
     recent = rng.choice([3, 7, 14, 30])
-    q["recent"], gold["recent"] = noul(f"Was the payment made within the last {recent} days?"), (today - paid).days <= recent
+    q["recent"], gold["recent"] = (
+        noul(f"Was the payment made within the last {recent} days?"),
+        (today - paid).days <= recent,
+    )
     bands = {"small": "under $100", "medium": "$100 to $1,000", "large": "over $1,000"}
     q["band"] = {"type": "choice", "instructions": "Which size band is the payment amount in?", "criteria": bands}
     gold["band"] = "small" if amount < 100 else "medium" if amount <= 1000 else "large"
@@ -107,9 +128,11 @@ def invoice(rng: random.Random, today: dt.date) -> dict:
     issued = today - dt.timedelta(days=rng.randrange(1, 90))
     due = issued + dt.timedelta(days=rng.choice([14, 30, 45, 60]))
     reminders, fee = rng.randrange(0, 6), rng.choice([1, 1.5, 2, 5, 10])
-    state = (f"Invoice #{rng.randrange(1000, 9999)} for {money(amount, rng)} was issued on {date(issued, rng)} and is "
-             f"due on {date(due, rng)}. {reminders} payment reminders have been sent. Late fee: {fee:g}% per month. "
-             f"As of {date(today, rng)}, it has not been paid.")
+    state = (
+        f"Invoice #{rng.randrange(1000, 9999)} for {money(amount, rng)} was issued on {date(issued, rng)} and is "
+        f"due on {date(due, rng)}. {reminders} payment reminders have been sent. Late fee: {fee:g}% per month. "
+        f"As of {date(today, rng)}, it has not been paid."
+    )
     q, gold = {}, {}
     q["amount"], gold["amount"] = comparison(rng, amount, "Is the invoice amount {}?", step=50, as_money=True)
     n = max(1, int(near(reminders or 1, rng)))
@@ -129,8 +152,10 @@ def alert(rng: random.Random, today: dt.date) -> dict:
     failed, cpu = rng.randrange(0, 30), rng.randrange(5, 100)
     uptime, disk = rng.randrange(1, 400), rng.randrange(10, 100)
     host = rng.choice(["web-01", "db-02", "cache-03", "api-04"])
-    state = (f"Alert from {host}: {failed} failed login attempts in the last hour. CPU usage {cpu}%, disk usage "
-             f"{disk}%. Uptime: {uptime} days. Report generated on {date(today, rng)}.")
+    state = (
+        f"Alert from {host}: {failed} failed login attempts in the last hour. CPU usage {cpu}%, disk usage "
+        f"{disk}%. Uptime: {uptime} days. Report generated on {date(today, rng)}."
+    )
     q, gold = {}, {}
     q["failed"], gold["failed"] = comparison(rng, failed, "Were there {} failed login attempts?", around=failed or 1)
     q["cpu"], gold["cpu"] = comparison(rng, cpu, "Is the CPU usage {}%?")
@@ -150,8 +175,10 @@ def subscription(rng: random.Random, today: dt.date) -> dict:
     renews = today + dt.timedelta(days=rng.randrange(-10, 120))
     price = rng.randrange(5, 300)
     plan = rng.choice(["Starter", "Team", "Enterprise"])
-    state = (f"{plan} plan, {seats} seats at {money(price, rng)} per seat per month. Customer for {months} months. "
-             f"Renewal date: {date(renews, rng)}. Today's date is {date(today, rng)}.")
+    state = (
+        f"{plan} plan, {seats} seats at {money(price, rng)} per seat per month. Customer for {months} months. "
+        f"Renewal date: {date(renews, rng)}. Today's date is {date(today, rng)}."
+    )
     q, gold = {}, {}
     q["seats"], gold["seats"] = comparison(rng, seats, "Does the customer have {} seats?")
     t = int(near(months, rng))
@@ -201,10 +228,18 @@ def compare_fact_pass(path: str, model: str | None = None) -> dict:
             g[2] += max(range(len(b)), key=b.__getitem__) == gold
             if not is_decided:
                 same &= max(abs(x - y) for x, y in zip(a, b)) <= 1e-4
-    return {"items": len(items),
-            **{k: {"questions": n, "accuracy_facts_off": round(r0 / max(n, 1), 3), "accuracy_facts_on": round(r1 / max(n, 1), 3)}
-               for k, (n, r0, r1) in groups.items()},
-            "undecided_answers_unchanged": same}
+    return {
+        "items": len(items),
+        **{
+            k: {
+                "questions": n,
+                "accuracy_facts_off": round(r0 / max(n, 1), 3),
+                "accuracy_facts_on": round(r1 / max(n, 1), 3),
+            }
+            for k, (n, r0, r1) in groups.items()
+        },
+        "undecided_answers_unchanged": same,
+    }
 
 
 def main() -> None:
@@ -212,8 +247,11 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=120)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--compare", action="store_true",
-                    help="then answer it with the default model, fact pass on and off, and compare")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="then answer it with the default model, fact pass on and off, and compare",
+    )
     args = ap.parse_args()
     write_jsonl(rows(args.items, args.seed), args.out)
     if args.compare:

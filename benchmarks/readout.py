@@ -7,6 +7,7 @@ the softmax over declared answers) per question type.
 
     python -m benchmarks.readout --per-family 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,14 @@ def evaluate(backend: CausalLMBackend, items, first_token: bool) -> dict:
             p = softmax(loglik)
             g = gold_index(q, item.gold[qid])
             stats[q.type].append((max(range(len(p)), key=p.__getitem__) == g, -math.log(max(p[g], 1e-12))))
-    return {t: {"n": len(v), "accuracy": round(sum(a for a, _ in v) / len(v), 3),
-                "log_loss": round(sum(nll for _, nll in v) / len(v), 3)} for t, v in sorted(stats.items())}
+    return {
+        t: {
+            "n": len(v),
+            "accuracy": round(sum(a for a, _ in v) / len(v), 3),
+            "log_loss": round(sum(nll for _, nll in v) / len(v), 3),
+        }
+        for t, v in sorted(stats.items())
+    }
 
 
 def main() -> None:

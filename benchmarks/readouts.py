@@ -19,6 +19,7 @@ there) and the fallback curve (questions under a confidence threshold escalated 
         --out out/teacher-qwen05-$s.jsonl; done
     python -m benchmarks.readouts --out out/readouts
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,12 @@ def features(pf: Prefill, paths, teacher_paths, layers, cache: Path) -> list[tra
 def scores(examples, probs) -> dict:
     """Accuracy and ECE (top answer's probability) over all questions, and per type accuracy, log loss, ECE."""
     preds = [(p, e.gold) for p, e in zip(probs, examples)]
-    out = {"n": len(examples), "accuracy": round(metrics.accuracy(preds), 4), "ece": round(metrics.ece(preds), 4),
-           "ece_floor": round(metrics.ece_floor(preds), 4)}
+    out = {
+        "n": len(examples),
+        "accuracy": round(metrics.accuracy(preds), 4),
+        "ece": round(metrics.ece(preds), 4),
+        "ece_floor": round(metrics.ece_floor(preds), 4),
+    }
     for t in TYPES:
         rows = [(p, e) for p, e in zip(probs, examples) if e.qtype == t]
         if rows:
@@ -66,9 +71,12 @@ def scores(examples, probs) -> dict:
 
 def write_held_out(d: Path) -> None:
     """The held-out families' test items as one file, for `prefill eval --readout` on the served path."""
-    lines = [line for name in ("sys1bench-test.jsonl", "generated-test.jsonl")
-             for line in (d / name).read_text(encoding="utf-8").splitlines()
-             if line.strip() and json.loads(line).get("family") in HELD_OUT]
+    lines = [
+        line
+        for name in ("sys1bench-test.jsonl", "generated-test.jsonl")
+        for line in (d / name).read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line).get("family") in HELD_OUT
+    ]
     (d / "heldout-families-test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -78,7 +86,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--data", default="out")
     ap.add_argument("--out", default="out/readouts")
     ap.add_argument("--label-weight", type=float, default=0.5)
-    ap.add_argument("--seeds", default="0,1,2", help="train/validation splits (and training seeds) to repeat the students over")
+    ap.add_argument(
+        "--seeds", default="0,1,2", help="train/validation splits (and training seeds) to repeat the students over"
+    )
     return ap
 
 
@@ -93,12 +103,20 @@ def main() -> None:
     depth = pf.backend.model.config.num_hidden_layers
     early_layers = [int(x) for x in args.early_layers.split(",")]
     layers = early_layers + [depth]
-    train_all = features(pf, [d / "sys1bench-train.jsonl", d / "generated-train.jsonl"],
-                         [d / "teacher-qwen05-sys1bench-train.jsonl", d / "teacher-qwen05-generated-train.jsonl"],
-                         layers, out / "features-train.pt")
-    test = features(pf, [d / "sys1bench-test.jsonl", d / "generated-test.jsonl"],
-                    [d / "teacher-qwen05-sys1bench-test.jsonl", d / "teacher-qwen05-generated-test.jsonl"],
-                    layers, out / "features-test.pt")
+    train_all = features(
+        pf,
+        [d / "sys1bench-train.jsonl", d / "generated-train.jsonl"],
+        [d / "teacher-qwen05-sys1bench-train.jsonl", d / "teacher-qwen05-generated-train.jsonl"],
+        layers,
+        out / "features-train.pt",
+    )
+    test = features(
+        pf,
+        [d / "sys1bench-test.jsonl", d / "generated-test.jsonl"],
+        [d / "teacher-qwen05-sys1bench-test.jsonl", d / "teacher-qwen05-generated-test.jsonl"],
+        layers,
+        out / "features-test.pt",
+    )
     seen = [e for e in train_all if e.family not in HELD_OUT]
 
     def split(seed: int):
@@ -106,14 +124,18 @@ def main() -> None:
         return [e for e in seen if e.item in fit_ids], [e for e in seen if e.item in val_ids]
 
     fit, val = split(seeds[0])
-    splits = {"held-out families": [e for e in test if e.family in HELD_OUT],
-              "training families, new items": [e for e in test if e.family not in HELD_OUT]}
+    splits = {
+        "held-out families": [e for e in test if e.family in HELD_OUT],
+        "training families, new items": [e for e in test if e.family not in HELD_OUT],
+    }
     cal = pf.engine.calibration
     last = len(layers) - 1
     rows: dict[str, dict] = defaultdict(dict)
     for name, ex in splits.items():
         rows["training-free (raw)"][name] = scores(ex, [softmax(e.loglik.tolist()) for e in ex])
-        rows["training-free (calibrated)"][name] = scores(ex, [softmax(cal.adjust(e.qtype, e.loglik.tolist())) for e in ex])
+        rows["training-free (calibrated)"][name] = scores(
+            ex, [softmax(cal.adjust(e.qtype, e.loglik.tolist())) for e in ex]
+        )
         rows["teacher Qwen2.5-Coder-0.5B (calibrated)"][name] = scores(ex, [e.teacher.tolist() for e in ex])
     heads = {}
     runs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
@@ -123,7 +145,9 @@ def main() -> None:
             for rl in (0.0, 1.0):
                 label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
                 cfg = training.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
-                head, log, _ = training.fit_head(fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed)
+                head, log, _ = training.fit_head(
+                    fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed
+                )
                 for name, ex in splits.items():
                     s = scores(ex, training.predict(head, ex, last))
                     runs[label][name].append((s["accuracy"], s["ece"]))
@@ -132,32 +156,43 @@ def main() -> None:
                 if seed == seeds[0]:
                     heads[label] = head
                     rows[label]["training"] = log
-    spread = {label: {name: {"accuracy": [a for a, _ in r], "ece": [e for _, e in r],
-                             "accuracy_mean": round(statistics.mean(a for a, _ in r), 4),
-                             "accuracy_sd": round(statistics.pstdev(a for a, _ in r), 4),
-                             "ece_mean": round(statistics.mean(e for _, e in r), 4),
-                             "ece_sd": round(statistics.pstdev(e for _, e in r), 4)}
-                      for name, r in by_split.items()} for label, by_split in runs.items()}
+    spread = {
+        label: {
+            name: {
+                "accuracy": [a for a, _ in r],
+                "ece": [e for _, e in r],
+                "accuracy_mean": round(statistics.mean(a for a, _ in r), 4),
+                "accuracy_sd": round(statistics.pstdev(a for a, _ in r), 4),
+                "ece_mean": round(statistics.mean(e for _, e in r), 4),
+                "ece_sd": round(statistics.pstdev(e for _, e in r), 4),
+            }
+            for name, r in by_split.items()
+        }
+        for label, by_split in runs.items()
+    }
     # early exit: a head per intermediate layer, threshold fitted on the validation items
     final = heads["student linear, CE only"]  # the default of prefill train
     early = {}
     for i, k in enumerate(early_layers):
         cfg = training.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
         head, _, _ = training.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
-        thr, fit_report = training.exit_threshold(training.predict(head, val, i), training.predict(final, val, last),
-                                                  [e.gold for e in val])
+        thr, fit_report = training.exit_threshold(
+            training.predict(head, val, i), training.predict(final, val, last), [e.gold for e in val]
+        )
         result = {"threshold": thr, "validation": fit_report}
         for name, ex in splits.items():
             shallow, deep = training.predict(head, ex, i), training.predict(final, ex, last)
             mixed = [s if confidence(s) >= thr else f for s, f in zip(shallow, deep)]
             f_exit = sum(confidence(s) >= thr for s in shallow) / len(ex)
-            result[name] = {"exit_fraction": round(f_exit, 3),
-                            "accuracy_final_only": scores(ex, deep)["accuracy"],
-                            "accuracy_with_exit": scores(ex, mixed)["accuracy"],
-                            "shallow_head_alone": scores(ex, shallow)["accuracy"],
-                            # decoder-layer compute of the question pass saved: exited questions skip
-                            # layers k+1..L, the rest resume at k (as served); the state runs in full either way
-                            "compute_saved": round(f_exit * (depth - k) / depth, 3)}
+            result[name] = {
+                "exit_fraction": round(f_exit, 3),
+                "accuracy_final_only": scores(ex, deep)["accuracy"],
+                "accuracy_with_exit": scores(ex, mixed)["accuracy"],
+                "shallow_head_alone": scores(ex, shallow)["accuracy"],
+                # decoder-layer compute of the question pass saved: exited questions skip
+                # layers k+1..L, the rest resume at k (as served); the state runs in full either way
+                "compute_saved": round(f_exit * (depth - k) / depth, 3),
+            }
         early[f"layer {k} of {depth}"] = result
     # fallback: escalate the student's least sure questions to the teacher
     fallback = {}
@@ -166,12 +201,25 @@ def main() -> None:
         curve = []
         for thr in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01):
             mixed = [e.teacher.tolist() if confidence(p) < thr else p for p, e in zip(student, ex)]
-            curve.append({"threshold": thr, "escalated": round(sum(confidence(p) < thr for p in student) / len(ex), 3),
-                          "accuracy": scores(ex, mixed)["accuracy"]})
+            curve.append(
+                {
+                    "threshold": thr,
+                    "escalated": round(sum(confidence(p) < thr for p in student) / len(ex), 3),
+                    "accuracy": scores(ex, mixed)["accuracy"],
+                }
+            )
         fallback[name] = curve
-    result = {"layers": layers, "train_questions": len(fit), "validation_questions": len(val),
-              "held_out_families": HELD_OUT, "rows": rows, "seeds": seeds, "students_over_seeds": spread,
-              "early_exit": early, "fallback": fallback}
+    result = {
+        "layers": layers,
+        "train_questions": len(fit),
+        "validation_questions": len(val),
+        "held_out_families": HELD_OUT,
+        "rows": rows,
+        "seeds": seeds,
+        "students_over_seeds": spread,
+        "early_exit": early,
+        "fallback": fallback,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "readouts.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
@@ -180,31 +228,55 @@ def main() -> None:
 
 def table(result: dict) -> str:
     """The README's tables, from readouts.json."""
-    lines = ["| readout | split | accuracy | ECE (floor) | noul acc / ECE | choice acc / ECE | score acc / ECE |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| readout | split | accuracy | ECE (floor) | noul acc / ECE | choice acc / ECE | score acc / ECE |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, row in result["rows"].items():
         for split in ("held-out families", "training families, new items"):
             x = row[split]
             cells = [f"{x[t]['accuracy']:.3f} / {x[t]['ece']:.3f}" if t in x else "" for t in TYPES]
-            lines.append(f"| {name} | {split} | {x['accuracy']:.3f} | {x['ece']:.3f} ({x['ece_floor']:.3f}) | "
-                         + " | ".join(cells) + " |")
-    lines += ["", f"| student, over splits {result['seeds']} | split | accuracy mean ± sd | ECE mean ± sd |",
-              "| --- | --- | --- | --- |"]
+            lines.append(
+                f"| {name} | {split} | {x['accuracy']:.3f} | {x['ece']:.3f} ({x['ece_floor']:.3f}) | "
+                + " | ".join(cells)
+                + " |"
+            )
+    lines += [
+        "",
+        f"| student, over splits {result['seeds']} | split | accuracy mean ± sd | ECE mean ± sd |",
+        "| --- | --- | --- | --- |",
+    ]
     for label, by_split in result["students_over_seeds"].items():
         for split, x in by_split.items():
-            lines.append(f"| {label} | {split} | {x['accuracy_mean']:.3f} ± {x['accuracy_sd']:.3f} | "
-                         f"{x['ece_mean']:.3f} ± {x['ece_sd']:.3f} |")
-    lines += ["", "| early-exit head | split | exits | accuracy: final head / with exit | layer compute saved |",
-              "| --- | --- | --- | --- | --- |"]
+            lines.append(
+                f"| {label} | {split} | {x['accuracy_mean']:.3f} ± {x['accuracy_sd']:.3f} | "
+                f"{x['ece_mean']:.3f} ± {x['ece_sd']:.3f} |"
+            )
+    lines += [
+        "",
+        "| early-exit head | split | exits | accuracy: final head / with exit | layer compute saved |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for layer, r in result["early_exit"].items():
         for split in ("held-out families", "training families, new items"):
             x = r[split]
-            lines.append(f"| {layer} (threshold {r['threshold']:.3f}) | {split} | {x['exit_fraction']:.1%} | "
-                         f"{x['accuracy_final_only']:.3f} / {x['accuracy_with_exit']:.3f} | {x['compute_saved']:.1%} |")
-    lines += ["", "| fallback threshold | " + " | ".join(str(p["threshold"]) for p in result["fallback"]["held-out families"]) + " |",
-              "| --- " * (len(result["fallback"]["held-out families"]) + 1) + "|"]
+            lines.append(
+                f"| {layer} (threshold {r['threshold']:.3f}) | {split} | {x['exit_fraction']:.1%} | "
+                f"{x['accuracy_final_only']:.3f} / {x['accuracy_with_exit']:.3f} | {x['compute_saved']:.1%} |"
+            )
+    lines += [
+        "",
+        "| fallback threshold | "
+        + " | ".join(str(p["threshold"]) for p in result["fallback"]["held-out families"])
+        + " |",
+        "| --- " * (len(result["fallback"]["held-out families"]) + 1) + "|",
+    ]
     for split, curve in result["fallback"].items():
-        lines.append(f"| {split}: escalated / accuracy | " + " | ".join(f"{p['escalated']:.0%} / {p['accuracy']:.3f}" for p in curve) + " |")
+        lines.append(
+            f"| {split}: escalated / accuracy | "
+            + " | ".join(f"{p['escalated']:.0%} / {p['accuracy']:.3f}" for p in curve)
+            + " |"
+        )
     return "\n".join(lines)
 
 

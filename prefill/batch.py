@@ -14,6 +14,7 @@ journal remembers the input and the questions, so a rerun with other ones is ref
 Rows share nothing, so `--batch-size` rows at a time go through Engine.decide_many: shared passes, each
 answer equal to the row's answer alone.
 """
+
 from __future__ import annotations
 
 import csv
@@ -40,8 +41,8 @@ class BatchError(Exception):
 @dataclass
 class Summary:
     answered: int = 0
-    skipped: list[tuple[int, str]] = field(default_factory=list)   # (line number, reason)
-    resumed_from: int = 0                                           # rows the journal already held
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
+    resumed_from: int = 0  # rows the journal already held
     out: Path | None = None
 
 
@@ -88,6 +89,7 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
                 start = reader.line_num + 1
     else:
         import pyarrow.parquet as pq
+
         n = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             for record in batch.to_pylist():
@@ -98,6 +100,7 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
 def count_rows(path: Path) -> int:
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
+
         return pq.ParquetFile(path).metadata.num_rows
     return sum(1 for _ in read_rows(path))
 
@@ -132,10 +135,13 @@ class Journal:
 
     def __init__(self, out: Path, source: Path, questions: Mapping):
         self.path = out.with_name(out.name + ".partial.jsonl")
-        self.header = {"prefill_batch": 1, "input": str(source.resolve()),
-                       "questions": hashlib.sha256(json.dumps(
-                           {k: q.model_dump(mode="json") for k, q in questions.items()},
-                           sort_keys=True).encode()).hexdigest()}
+        self.header = {
+            "prefill_batch": 1,
+            "input": str(source.resolve()),
+            "questions": hashlib.sha256(
+                json.dumps({k: q.model_dump(mode="json") for k, q in questions.items()}, sort_keys=True).encode()
+            ).hexdigest(),
+        }
 
     def done(self) -> dict[int, dict]:
         """The rows already finished, by row index. A torn last line (the job was killed mid-write) is cut."""
@@ -151,8 +157,9 @@ class Journal:
                     break
                 if i == 0:
                     if {k: entry.get(k) for k in self.header} != self.header:
-                        raise BatchError(f"{self.path} was written for another input or other questions; "
-                                         "delete it to start over")
+                        raise BatchError(
+                            f"{self.path} was written for another input or other questions; delete it to start over"
+                        )
                 else:
                     rows[entry["row"]] = entry
                 good += len(line)
@@ -169,7 +176,7 @@ class Journal:
         return f
 
 
-Group = list[tuple[int, int, Any]]   # (row index, line number, record), answered together
+Group = list[tuple[int, int, Any]]  # (row index, line number, record), answered together
 
 
 def answer_group(engine: Engine, group: Group, questions: Mapping, state_field: str | None) -> list[dict]:
@@ -182,8 +189,11 @@ def answer_group(engine: Engine, group: Group, questions: Mapping, state_field: 
         except ValueError as e:
             entries.append(_failed(row, line, record, e))
     for (row, line, record), d in zip(asked, engine.decide_many(requests)):
-        entries.append(_failed(row, line, record, d) if isinstance(d, Exception) else
-                       {"row": row, "line": line, "record": {**record, **flatten(d.answers)}})
+        entries.append(
+            _failed(row, line, record, d)
+            if isinstance(d, Exception)
+            else {"row": row, "line": line, "record": {**record, **flatten(d.answers)}}
+        )
     return sorted(entries, key=lambda e: e["row"])
 
 
@@ -211,8 +221,9 @@ def groups(source: Path, done: Mapping[int, Any], batch_size: int) -> Iterator[G
         yield pending
 
 
-def answered_groups(engine: Engine, planned: Iterator[Group], questions: Mapping,
-                    state_field: str | None) -> Iterator[tuple[Group, list[dict]]]:
+def answered_groups(
+    engine: Engine, planned: Iterator[Group], questions: Mapping, state_field: str | None
+) -> Iterator[tuple[Group, list[dict]]]:
     """Each group with its entries, in order, answered in this process."""
     for group in planned:
         yield group, unreadable(group) or answer_group(engine, group, questions, state_field)
@@ -224,11 +235,22 @@ def unreadable(group: Group) -> list[dict] | None:
     return [_failed(row, line, None, record)] if isinstance(record, Exception) else None
 
 
-def run(engine: Engine | None, source: Path, questions: Mapping, out: Path, *, state_field: str | None = None,
-        on_error: str = "skip", batch_size: int = 16, progress: bool = True, answer=None) -> Summary:
+def run(
+    engine: Engine | None,
+    source: Path,
+    questions: Mapping,
+    out: Path,
+    *,
+    state_field: str | None = None,
+    on_error: str = "skip",
+    batch_size: int = 16,
+    progress: bool = True,
+    answer=None,
+) -> Summary:
     """Answer `questions` for every row of `source` into `out` (see the module's docstring). `answer`
     replaces answering here: a function of the planned groups yielding (group, entries) in order (ray_batch)."""
     from tqdm import tqdm
+
     file_format(out)
     if on_error not in ("skip", "stop"):
         raise BatchError(f"--on-error is skip or stop, not {on_error!r}")
@@ -239,14 +261,22 @@ def run(engine: Engine | None, source: Path, questions: Mapping, out: Path, *, s
     summary = Summary(resumed_from=len(done), out=out)
     summary.skipped = [(e["line"], e["error"]) for e in done.values() if "error" in e]
     answer = answer or (lambda planned: answered_groups(engine, planned, questions, state_field))
-    bar = tqdm(total=count_rows(source), initial=len(done), unit="row", desc=f"prefill batch {source.name}",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=count_rows(source),
+        initial=len(done),
+        unit="row",
+        desc=f"prefill batch {source.name}",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     with journal.open() as log, bar:
         for group, entries in answer(groups(source, done, batch_size)):
             failures = [e for e in entries if "error" in e]
             if failures and on_error == "stop":
                 first = failures[0]
-                raise RowFailed(f"{source}:{first['line']}: {first['error']} (--on-error skip would record it and go on)")
+                raise RowFailed(
+                    f"{source}:{first['line']}: {first['error']} (--on-error skip would record it and go on)"
+                )
             for e in failures:
                 bar.write(f"{source}:{e['line']}: skipped: {e['error']}")
                 summary.skipped.append((e["line"], e["error"]))
@@ -274,24 +304,25 @@ def write_out(out: Path, records: list[dict]) -> None:
             writer = csv.DictWriter(f, columns)
             writer.writeheader()
             for r in records:
-                writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
-                                 for k, v in r.items()})
+                writer.writerow(
+                    {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v for k, v in r.items()}
+                )
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         columns = list(dict.fromkeys(k for r in records for k in r))
         pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in records]), tmp)
     os.replace(tmp, out)
 
 
-def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, actors: int,
-                address: str | None = None):
+def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, actors: int, address: str | None = None):
     """`run`'s `answer` on Ray Data: the groups are spread over `actors` engine actors (each one loads the
     model once: `make_engine`, a picklable function), in order, so the journal, the resume and the output are
     those of the single-process run (the groups are the same, so each answer is too). Local Ray, or the
     cluster at `address`. The groups are planned on the driver first (the rows not done yet, in memory)."""
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data configures its logging: our bar
-    import ray                                             # says how far the job is
+    import ray  # says how far the job is
 
     def answer(planned: Iterator[Group]) -> Iterator[tuple[Group, list[dict]]]:
         planned = list(planned)
@@ -306,13 +337,23 @@ def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, act
             gpus = 1 if ray.cluster_resources().get("GPU") else 0  # one engine per GPU (not tried here: no GPU)
             wire = {k: q.model_dump(mode="json") for k, q in questions.items()}
             items = [{"group": json.dumps(g, ensure_ascii=False, default=str)} for g in readable]
-            results = (ray.data.from_items(items)
-                       .map_batches(_RayAnswerer, batch_size=1, batch_format="pandas", concurrency=actors,
-                                    num_cpus=cpus, num_gpus=gpus,
-                                    fn_constructor_args=(make_engine, wire, state_field, cpus))
-                       .iter_rows().__iter__())
+            results = (
+                ray.data.from_items(items)
+                .map_batches(
+                    _RayAnswerer,
+                    batch_size=1,
+                    batch_format="pandas",
+                    concurrency=actors,
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                    fn_constructor_args=(make_engine, wire, state_field, cpus),
+                )
+                .iter_rows()
+                .__iter__()
+            )
         for group in planned:
             yield group, unreadable(group) or json.loads(next(results)["entries"])
+
     return answer
 
 
@@ -321,11 +362,17 @@ class _RayAnswerer:
 
     def __init__(self, make_engine, wire: dict, state_field: str | None, threads: int):
         import torch
+
         torch.set_num_threads(threads)
         self.engine, self.questions, self.state_field = make_engine(), wire_questions(wire), state_field
 
     def __call__(self, batch):
-        batch["entries"] = [json.dumps(answer_group(self.engine, [tuple(r) for r in json.loads(g)], self.questions,
-                                                    self.state_field), ensure_ascii=False, default=str)
-                            for g in batch["group"]]
+        batch["entries"] = [
+            json.dumps(
+                answer_group(self.engine, [tuple(r) for r in json.loads(g)], self.questions, self.state_field),
+                ensure_ascii=False,
+                default=str,
+            )
+            for g in batch["group"]
+        ]
         return batch[["entries"]]

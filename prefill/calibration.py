@@ -8,6 +8,7 @@ because a small model's error there is mostly a lean towards one answer, which n
 on sys1bench it is what brings the held-out noul ECE under 0.05 (see README). A file is only accepted by the
 model whose fingerprint it names, so temperatures fitted for one model are never applied to another.
 """
+
 from __future__ import annotations
 
 import json
@@ -115,6 +116,7 @@ def _softplus(z: float) -> float:
 @dataclass
 class Calibration:
     """Temperatures for one model: `by_type[type]`, refined by `by_bucket["type:bucket"]` where fitted."""
+
     model: str
     fingerprint: str
     by_type: dict[str, float] = field(default_factory=dict)
@@ -140,8 +142,14 @@ class Calibration:
         return out
 
     @classmethod
-    def fit(cls, model: str, fingerprint: str, preds_by_type: dict[str, list[Prediction]],
-            buckets: bool = False, min_bucket: int = 30) -> Calibration:
+    def fit(
+        cls,
+        model: str,
+        fingerprint: str,
+        preds_by_type: dict[str, list[Prediction]],
+        buckets: bool = False,
+        min_bucket: int = 30,
+    ) -> Calibration:
         cal = cls(model, fingerprint)
         for qtype, preds in preds_by_type.items():
             if qtype == "noul":
@@ -165,20 +173,40 @@ class Calibration:
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({"model": self.model, "fingerprint": self.fingerprint,
-                                          "temperatures": {"by_type": self.by_type, "by_bucket": self.by_bucket},
-                                          "bias": self.bias, "setup": self.setup,
-                                          "notes": self.notes}, indent=2, ensure_ascii=False) + "\n")
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "model": self.model,
+                    "fingerprint": self.fingerprint,
+                    "temperatures": {"by_type": self.by_type, "by_bucket": self.by_bucket},
+                    "bias": self.bias,
+                    "setup": self.setup,
+                    "notes": self.notes,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
 
     @classmethod
     def load(cls, path: str | Path, fingerprint: str | None = None) -> Calibration:
         data = json.loads(Path(path).read_text())
         if fingerprint is not None and data["fingerprint"] != fingerprint:
-            raise ValueError(f"{path} was fitted for model fingerprint {data['fingerprint'][:16]}…, "
-                             f"not this model's {fingerprint[:16]}…")
+            raise ValueError(
+                f"{path} was fitted for model fingerprint {data['fingerprint'][:16]}…, "
+                f"not this model's {fingerprint[:16]}…"
+            )
         t = data["temperatures"]
-        return cls(data["model"], data["fingerprint"], dict(t.get("by_type", {})), dict(t.get("by_bucket", {})),
-                   dict(data.get("bias", {})), data.get("notes", {}), dict(data.get("setup", {})))
+        return cls(
+            data["model"],
+            data["fingerprint"],
+            dict(t.get("by_type", {})),
+            dict(t.get("by_bucket", {})),
+            dict(data.get("bias", {})),
+            data.get("notes", {}),
+            dict(data.get("setup", {})),
+        )
 
 
 def shipped(fingerprint: str) -> Path | None:

@@ -6,6 +6,7 @@ answer cannot come out), the expectation for scores, and confidence exactly as T
 Questions that are one numeric or date comparison are first offered to the fact pass (facts.py), which
 answers them exactly when it can tell what to compare; only the rest reach the model.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,9 +23,9 @@ from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge, score_m
 from .calibration import Calibration
 from .readout import Readouts
 from .render import Branches, render_text
+from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected
-from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
 
 # The API's documented limits: a request at most 64k tokens, and any one sequence a token sees (the state,
 # a question, an answer) at most 32k; both configurable, and the sequence never past the model's context.
@@ -46,13 +47,14 @@ def backend_lock(backend: Backend) -> threading.Lock:
 @dataclass
 class Decision:
     """Everything the engine decided for one request; `ask` returns the wire part (answers, usage)."""
+
     answers: dict[str, Answer]
     usage: Usage
     low_confidence: list[str] = field(default_factory=list)  # under the fallback threshold, not escalated
-    escalated: list[str] = field(default_factory=list)       # answered by the fallback engine instead
-    early_exit: list[str] = field(default_factory=list)      # answered by the shallow readout head
-    facts: list[str] = field(default_factory=list)           # answered exactly by the fact pass
-    truncated: list[str] = field(default_factory=list)       # read with the state cut to fit (encoder route)
+    escalated: list[str] = field(default_factory=list)  # answered by the fallback engine instead
+    early_exit: list[str] = field(default_factory=list)  # answered by the shallow readout head
+    facts: list[str] = field(default_factory=list)  # answered exactly by the fact pass
+    truncated: list[str] = field(default_factory=list)  # read with the state cut to fit (encoder route)
 
 
 Request = tuple[Any, Mapping[str, "Noul | Choice | Score"], "dt.date | None"]  # state, questions, reference date
@@ -62,6 +64,7 @@ Request = tuple[Any, Mapping[str, "Noul | Choice | Score"], "dt.date | None"]  #
 class Scored:
     """The model's part of one request: each question's distribution, the tokens read, and which
     questions the fact pass and a shallow readout answered."""
+
     probs: dict[str, list[float]]
     n_tokens: int
     early_exit: list[str]
@@ -72,6 +75,7 @@ class Scored:
 @dataclass
 class _Prepared:
     """A request rendered for the model: its distinct question branches (`slot`: question id -> branch)."""
+
     found: Scored
     asked: dict[str, Any]
     state_ids: Sequence[int]
@@ -129,15 +133,17 @@ class Engine:
             return self.backend.description
         return f"{self.backend.description}, with the trained readout {self.readouts.name!r}"
 
-    def ask(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-            reference_date: dt.date | None = None) -> tuple[dict[str, Answer], Usage]:
+    def ask(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+    ) -> tuple[dict[str, Answer], Usage]:
         """Answers for every question. `reference_date` is "today" for date questions; without it the fact
         pass uses the date the state gives ("Today is ..."), if any."""
         d = self.decide(state, questions, reference_date)
         return d.answers, d.usage
 
-    def decide(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-               reference_date: dt.date | None = None) -> Decision:
+    def decide(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+    ) -> Decision:
         return self.conclude(state, questions, reference_date, self._score_one(state, questions, reference_date))
 
     def decide_many(self, requests: Sequence[Request]) -> list[Decision | Exception]:
@@ -147,8 +153,9 @@ class Engine:
         found = self.score_many(requests)
         return [f if isinstance(f, Exception) else self.conclude(*r, f) for r, f in zip(requests, found)]
 
-    def conclude(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-                 reference_date: dt.date | None, found: Scored) -> Decision:
+    def conclude(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None, found: Scored
+    ) -> Decision:
         """The wire answers from the model's distributions, after asking the fallback about the questions
         the model is unsure of. Outside the backend lock: a remote fallback never holds up the model."""
         probs, n_tokens = dict(found.probs), found.n_tokens
@@ -157,8 +164,9 @@ class Engine:
             low = [qid for qid, p in probs.items() if choice_confidence(p) < self.fallback_below]
         if low and self.fallback is not None:
             try:
-                more, extra_tokens, _ = self.fallback.probabilities(state, {q: questions[q] for q in low},
-                                                                    reference_date)
+                more, extra_tokens, _ = self.fallback.probabilities(
+                    state, {q: questions[q] for q in low}, reference_date
+                )
             except Exception as e:  # noqa: BLE001 — a fallback never fails the request: local answers stay
                 log.warning("fallback failed, keeping the local answers: %s: %s", type(e).__name__, e)
                 more, extra_tokens = {}, 0
@@ -166,18 +174,27 @@ class Engine:
             n_tokens += extra_tokens
             low, escalated = [q for q in low if q not in more], [q for q in low if q in more]
         answers = {qid: self._answer(q, probs[qid]) for qid, q in questions.items()}
-        return Decision(answers, Usage(input_tokens=n_tokens, output_tokens=0), low, escalated,
-                        found.early_exit, found.facts, found.truncated)
+        return Decision(
+            answers,
+            Usage(input_tokens=n_tokens, output_tokens=0),
+            low,
+            escalated,
+            found.early_exit,
+            found.facts,
+            found.truncated,
+        )
 
-    def probabilities(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-                      reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
+    def probabilities(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+    ) -> tuple[dict[str, list[float]], int, list[str]]:
         """Each question's distribution over its declared answers (in declared order, noul: yes, no), the
         tokens the model read, and the questions a shallow readout answered."""
         found = self._score_one(state, questions, reference_date)
         return found.probs, found.n_tokens, found.early_exit
 
-    def _score_one(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-                   reference_date: dt.date | None) -> Scored:
+    def _score_one(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None
+    ) -> Scored:
         found = self.score_many([(state, questions, reference_date)])[0]
         if isinstance(found, Exception):
             raise found
@@ -213,8 +230,9 @@ class Engine:
                         out[i] = e
         return out
 
-    def _prepare(self, state: Any, questions: Mapping[str, Noul | Choice | Score],
-                 reference_date: dt.date | None) -> _Prepared:
+    def _prepare(
+        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None
+    ) -> _Prepared:
         """The fact pass, then the rest rendered to token branches (identical questions once), checked
         against the limits."""
         probs: dict[str, list[float]] = {}
@@ -230,7 +248,7 @@ class Engine:
             return _Prepared(found, asked, [], [], [], {})
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
-        unique: dict[Branches, int] = {}    # identical questions are scored once, and so answered alike
+        unique: dict[Branches, int] = {}  # identical questions are scored once, and so answered alike
         slot, qtypes = {}, []
         for qid, q in asked.items():
             slot[qid] = unique.setdefault(renderer.question(q), len(unique))
@@ -242,12 +260,16 @@ class Engine:
             found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
         return _Prepared(found, asked, state_ids, branches, qtypes, slot)
 
-    def scores(self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]) -> list[list[float]]:
+    def scores(
+        self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
+    ) -> list[list[float]]:
         """Training-free answer scores: each question's readout over one packed pass, then its correction
         (a content-free prior per distinct question, cached). Before calibration."""
         return self.scores_many([(state_ids, branches, qtypes)])[0]
 
-    def scores_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Branches], Sequence[str]]]) -> list[list[list[float]]]:
+    def scores_many(
+        self, jobs: Sequence[tuple[Sequence[int], Sequence[Branches], Sequence[str]]]
+    ) -> list[list[list[float]]]:
         """`scores` for several (state, branches, types) at once, the model passes shared."""
         ways = [[self.scoring.get(t) or Scoring() for t in qtypes] for _, _, qtypes in jobs]
         cuts = [[w.branches(b) for w, b in zip(ws, branches)] for ws, (_, branches, _) in zip(ways, jobs)]
@@ -257,8 +279,9 @@ class Engine:
         flat = [(j, i, w) for j, ws in enumerate(ways) for i, w in enumerate(ws) if w.correction != "none"]
         for way in {w for _, _, w in flat}:
             idx = [(j, i) for j, i, w in flat if w == way]
-            priors = self._priors.log_priors(way, [cuts[j][i] for j, i in idx],
-                                             lambda text, bs: self.backend.score(renderer.state(text), bs))
+            priors = self._priors.log_priors(
+                way, [cuts[j][i] for j, i in idx], lambda text, bs: self.backend.score(renderer.state(text), bs)
+            )
             for (j, i), prior in zip(idx, priors):
                 out[j][i] = corrected(out[j][i], prior, way.prior_weight)
         return out
@@ -266,8 +289,9 @@ class Engine:
     def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:
         return softmax(self.calibration.adjust(qtype, loglik) if self.calibration else loglik)
 
-    def _read_heads(self, state_ids: Sequence[int], branches: Sequence[Branches],
-                    qtypes: Sequence[str]) -> tuple[list[list[float]], set[int]]:
+    def _read_heads(
+        self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
+    ) -> tuple[list[list[float]], set[int]]:
         """Trained heads. With a shallow head, the questions first run through its layers only; those it is
         sure of stop there, the others continue through the remaining layers to the final head."""
         heads = self.readouts
@@ -282,8 +306,10 @@ class Engine:
             return choice_confidence(shallow[i]) >= early.cfg.exit_threshold
 
         pairs = self.backend.features_early_exit(state_ids, branches, early.cfg.layer, final.cfg.layer, exits)
-        out = [shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep)
-               for i, (_, deep) in enumerate(pairs)]
+        out = [
+            shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep)
+            for i, (_, deep) in enumerate(pairs)
+        ]
         return out, {i for i, (_, deep) in enumerate(pairs) if deep is None}
 
     @staticmethod
@@ -294,15 +320,21 @@ class Engine:
         longest = len(state) + max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)
         context = self.backend.max_context
         if longest > context:
-            raise RequestTooLarge(f"the state and its longest question need {longest} tokens; "
-                                  f"the model's context limit is {context} tokens")
+            raise RequestTooLarge(
+                f"the state and its longest question need {longest} tokens; "
+                f"the model's context limit is {context} tokens"
+            )
         if longest > self.max_sequence_tokens:
-            raise RequestTooLarge(f"the state and its longest question need {longest} tokens; the limit is "
-                                  f"{self.max_sequence_tokens} (--max-sequence-tokens)")
+            raise RequestTooLarge(
+                f"the state and its longest question need {longest} tokens; the limit is "
+                f"{self.max_sequence_tokens} (--max-sequence-tokens)"
+            )
         total = len(state) + sum(b.n_tokens for b in branches)
         if total > self.max_request_tokens:
-            raise RequestTooLarge(f"the request needs {total} tokens; the limit is {self.max_request_tokens} "
-                                  "tokens per request (--max-request-tokens)")
+            raise RequestTooLarge(
+                f"the request needs {total} tokens; the limit is {self.max_request_tokens} "
+                "tokens per request (--max-request-tokens)"
+            )
         return total
 
     def _answer(self, q: Noul | Choice | Score, probs: Sequence[float]) -> Answer:
@@ -312,12 +344,15 @@ class Engine:
             names = list(q.criteria)
             # Exact ties go to the name that sorts first, whatever the request's option order.
             best = min(range(len(names)), key=lambda i: (-probs[i], names[i]))
-            return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                                confidence=choice_confidence(probs))
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(q.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)},
-                           confidence=score_confidence(probs))
+            return ChoiceAnswer(
+                choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs)
+            )
+        return ScoreAnswer(
+            score=sum(i * p for i, p in enumerate(probs)),
+            legend={str(i): level for i, level in enumerate(q.criteria)},
+            probabilities={str(i): p for i, p in enumerate(probs)},
+            confidence=score_confidence(probs),
+        )
 
 
 def softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:

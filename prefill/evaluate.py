@@ -10,6 +10,7 @@ perfectly calibrated model would show on that many questions, and for scores the
 score and mean absolute error; a reliability diagram as PNG; and, with --generate, the same model asked
 to generate its answer as text, parsed (accuracy and parse rate; generation gives no probabilities).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -127,8 +128,9 @@ def report(scored: Sequence[Scored], calibration: Calibration | None = None) -> 
     return out
 
 
-def cross_validate(model: str, fingerprint: str, scored: Sequence[Scored], folds: int = 5, buckets: bool = False,
-                   seed: int = 0) -> dict:
+def cross_validate(
+    model: str, fingerprint: str, scored: Sequence[Scored], folds: int = 5, buckets: bool = False, seed: int = 0
+) -> dict:
     """Held-out metrics after calibration: items split into folds, temperatures fitted on the other folds
     and applied to this one; the held-out predictions of all folds are pooled."""
     item_ids = sorted({s.item for s in scored})
@@ -138,8 +140,11 @@ def cross_validate(model: str, fingerprint: str, scored: Sequence[Scored], folds
     for k in range(folds):
         train = [s for s in scored if fold_of[s.item] != k]
         cal = fit(model, fingerprint, train, buckets)
-        held_out += [Scored(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
-                     for s in scored if fold_of[s.item] == k]
+        held_out += [
+            Scored(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
+            for s in scored
+            if fold_of[s.item] == k
+        ]
     return report(held_out)
 
 
@@ -151,6 +156,7 @@ def fit(model: str, fingerprint: str, scored: Sequence[Scored], buckets: bool = 
 
 
 # ---------------------------------------------------------------- generation baseline
+
 
 def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int = 12) -> dict:
     """The same prompt as prefill's, but the model generates its answer (greedy) and the text is parsed."""
@@ -164,19 +170,26 @@ def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int
         for qid, q in item.questions.items():
             ids = torch.tensor([state + list(r.question(q).prompt)])
             with torch.inference_mode():
-                out = backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                             do_sample=False, pad_token_id=tok.eos_token_id)
-            text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                out = backend.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tok.eos_token_id,
+                )
+            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
             guess = parse_answer(q, text)
             parsed[q.type].append(guess is not None)
             hits[q.type].append(guess == gold_index(q, item.gold[qid]))
-    return {t: {"n": len(v), "accuracy": round(sum(v) / len(v), 4), "parsed": round(sum(parsed[t]) / len(v), 4)}
-            for t, v in sorted(hits.items())}
+    return {
+        t: {"n": len(v), "accuracy": round(sum(v) / len(v), 4), "parsed": round(sum(parsed[t]) / len(v), 4)}
+        for t, v in sorted(hits.items())
+    }
 
 
 def parse_answer(q: QuestionT, text: str) -> int | None:
     """The declared answer a generated text starts with (longest match, case-insensitive), or None."""
-    t = text.strip().strip('"\'*`').lower()
+    t = text.strip().strip("\"'*`").lower()
     answers = render_question(q).answers
     if isinstance(q, Noul):
         return 0 if t.startswith("yes") else 1 if t.startswith("no") else None
@@ -192,10 +205,13 @@ def parse_answer(q: QuestionT, text: str) -> int | None:
 
 # ---------------------------------------------------------------- reliability diagram
 
+
 def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibration: Calibration | None = None) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     types = sorted({s.qtype for s in scored})
     fig, axes = plt.subplots(1, len(types), figsize=(4 * len(types), 4), dpi=110, squeeze=False)
     for ax, qtype in zip(axes[0], types):
@@ -203,8 +219,12 @@ def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibrati
         for label, cal in (("raw", None), ("calibrated", calibration)) if calibration else (("raw", None),):
             preds = [(cal.apply(qtype, s.probs) if cal else s.probs, s.gold) for s in rows]
             bins = [b for b in metrics.reliability(preds) if b["n"]]
-            ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-",
-                    label=f"{label} (ECE {metrics.ece(preds):.3f})")
+            ax.plot(
+                [b["confidence"] for b in bins],
+                [b["accuracy"] for b in bins],
+                "o-",
+                label=f"{label} (ECE {metrics.ece(preds):.3f})",
+            )
         ax.plot([0, 1], [0, 1], "k--", lw=0.8)
         ax.set_title(f"{qtype} (n={len(rows)})")
         ax.set_xlabel("confidence of the top answer")
@@ -220,18 +240,23 @@ def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibrati
 
 # ---------------------------------------------------------------- what prefill eval and calibrate report
 
+
 def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[Scored]:
     """Every item answered by `pf`'s backend, readouts and scoring, before calibration."""
-    raw = Engine(pf.backend, max_request_tokens=pf.engine.max_request_tokens, use_facts=facts,
-                 readouts=pf.engine.readouts, scoring=pf.engine.scoring)
+    raw = Engine(
+        pf.backend,
+        max_request_tokens=pf.engine.max_request_tokens,
+        use_facts=facts,
+        readouts=pf.engine.readouts,
+        scoring=pf.engine.scoring,
+    )
     return predict(raw, items)
 
 
 def evaluation(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, generate: bool) -> dict:
     """`prefill eval`'s report: raw, with the engine's calibration (a trained head carries its own),
     calibrated out of fold, and the model generating its answers (`generate`)."""
-    result: dict = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "items": len(items),
-                    "raw": report(scored)}
+    result: dict = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "items": len(items), "raw": report(scored)}
     cal = None if pf.engine.readouts else pf.engine.calibration
     if cal is not None:
         result["calibrated"] = report(scored, cal)
@@ -242,8 +267,9 @@ def evaluation(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, 
     return result
 
 
-def calibrate(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int,
-              try_buckets: bool) -> tuple[Calibration, dict]:
+def calibrate(
+    pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, try_buckets: bool
+) -> tuple[Calibration, dict]:
     """`prefill calibrate`: temperatures per question type, and per option-count bucket when those do better
     out of fold (`try_buckets`), with the held-out numbers behind the choice."""
     fp = pf.backend.fingerprint
@@ -255,6 +281,10 @@ def calibrate(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int,
         result["held_out_per_bucket"] = per_bucket
         buckets = sum(v["log_loss"] for v in per_bucket.values()) < sum(v["log_loss"] for v in per_type.values())
     cal = fit(pf.name, fp, scored, buckets=buckets)
-    cal.notes = {"items": len(items), "buckets_used": buckets, "raw": result["raw"],
-                 "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"]}
+    cal.notes = {
+        "items": len(items),
+        "buckets_used": buckets,
+        "raw": result["raw"],
+        "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"],
+    }
     return cal, result

@@ -12,6 +12,7 @@ byte-identical with the pass on or off.
 Pure functions, no model: `decide(state_text, question, reference_date)` returns the answer's
 distribution over the declared answers, or None.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,8 +25,12 @@ from .schema import Choice, Noul, Score
 
 # ---------------------------------------------------------------- quantities in text
 
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    "january february march april may june july august september october november december".split())}
+_MONTHS = {
+    m: i + 1
+    for i, m in enumerate(
+        "january february march april may june july august september october november december".split()
+    )
+}
 _MONTHS.update({m[:3]: i for m, i in list(_MONTHS.items())})
 _MONTHS["sept"] = 9
 _MONTH = r"(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
@@ -33,28 +38,43 @@ _DATE = re.compile(
     r"\b(?P<iso>(?P<y1>\d{4})[-/](?P<m1>\d{1,2})[-/](?P<d1>\d{1,2}))\b"
     rf"|\b(?P<mdy>(?P<m2>{_MONTH})\s+(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y2>\d{{4}}))\b"
     rf"|\b(?P<dmy>(?P<d3>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m3>{_MONTH}),?\s+(?P<y3>\d{{4}}))\b",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
-_DAYS_PER = {"second": 1 / 86400, "sec": 1 / 86400, "minute": 1 / 1440, "min": 1 / 1440, "hour": 1 / 24,
-             "hr": 1 / 24, "day": 1, "week": 7, "month": 30.436875, "year": 365.2425, "yr": 365.2425}
-_DURATION_UNIT = re.compile(r"(seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?|years?|yrs?)\b",
-                            re.IGNORECASE)
+_DAYS_PER = {
+    "second": 1 / 86400,
+    "sec": 1 / 86400,
+    "minute": 1 / 1440,
+    "min": 1 / 1440,
+    "hour": 1 / 24,
+    "hr": 1 / 24,
+    "day": 1,
+    "week": 7,
+    "month": 30.436875,
+    "year": 365.2425,
+    "yr": 365.2425,
+}
+_DURATION_UNIT = re.compile(
+    r"(seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?|years?|yrs?)\b", re.IGNORECASE
+)
 _SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mm": 1e6, "million": 1e6, "bn": 1e9, "b": 1e9, "billion": 1e9}
 _NUMBER = re.compile(
     r"(?P<cur>[$€£]|\b(?:USD|EUR|GBP|CAD|AUD)\s?)?"
     r"(?<![\w.,#])(?<![A-Za-z]-)(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
     r"(?:(?P<scale>[kKmM]|[mM]{2}|bn)\b|\s(?P<word>thousand|million|billion)\b)?"
     r"(?P<pct>\s?%|\s(?:percent|per\s?cent)\b)?"
-    r"(?P<cur2>\s?(?:USD|EUR|GBP|CAD|AUD|dollars?|euros?|pounds?)\b)?", re.IGNORECASE)
+    r"(?P<cur2>\s?(?:USD|EUR|GBP|CAD|AUD|dollars?|euros?|pounds?)\b)?",
+    re.IGNORECASE,
+)
 
 MONEY, PERCENT, DURATION, COUNT, DATE = "money", "percent", "duration", "count", "date"
 
 
 @dataclass(frozen=True)
 class Quantity:
-    kind: str        # money | percent | duration (in days) | count (a bare number) | date (ordinal day)
+    kind: str  # money | percent | duration (in days) | count (a bare number) | date (ordinal day)
     value: float
-    start: int       # where it is in the text, for its context
+    start: int  # where it is in the text, for its context
     end: int
 
 
@@ -92,7 +112,7 @@ def quantities(text: str) -> list[Quantity]:
         elif scale in ("m", "mm") and not m["cur"]:
             continue  # "5m" without a currency is minutes or metres; not ours to guess
         else:
-            unit = _DURATION_UNIT.match(text, end + 1) if text[end:end + 1] == " " else None
+            unit = _DURATION_UNIT.match(text, end + 1) if text[end : end + 1] == " " else None
             if unit:
                 kind, end = DURATION, unit.end()
                 value *= _DAYS_PER[unit[1].lower().rstrip("s")]
@@ -104,10 +124,12 @@ def quantities(text: str) -> list[Quantity]:
 
 # ---------------------------------------------------------------- words, for telling quantities apart
 
-_STOP = set("""a an the is are was were be been being do does did has have had of for to in on at by with this that
+_STOP = set(
+    """a an the is are was were be been being do does did has have had of for to in on at by with this that
 these those it its any and or than more less over under above below least most no not there what which how
 much many does customer's s ago since within last past before after from as per each than value number total
-question answer yes whether""".split())
+question answer yes whether""".split()
+)
 
 
 def words(text: str) -> set[str]:
@@ -124,14 +146,15 @@ def _ordered_words(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Context:
     """The words around a quantity in the state, within its clause: what it is the amount, age or date of."""
-    near: frozenset[str]    # the clause's words on both sides
-    label: frozenset[str]   # the last words before it ("Previous payment: $80", "is due on 2026-05-10")
-    after: frozenset[str]   # the first words after it ("322 seats")
+
+    near: frozenset[str]  # the clause's words on both sides
+    label: frozenset[str]  # the last words before it ("Previous payment: $80", "is due on 2026-05-10")
+    after: frozenset[str]  # the first words after it ("322 seats")
 
 
 def context(text: str, q: Quantity, before: int = 48, after: int = 32) -> Context:
-    left = _CLAUSE_END.split(text[max(0, q.start - before):q.start])[-1]
-    right = _CLAUSE_END.split(text[q.end:q.end + after])[0]
+    left = _CLAUSE_END.split(text[max(0, q.start - before) : q.start])[-1]
+    right = _CLAUSE_END.split(text[q.end : q.end + after])[0]
     left_words, right_words = _ordered_words(left), _ordered_words(right)
     return Context(frozenset(left_words + right_words), frozenset(left_words[-3:]), frozenset(right_words[:2]))
 
@@ -141,22 +164,30 @@ def context(text: str, q: Quantity, before: int = 48, after: int = 32) -> Contex
 _OPS: list[tuple[str, Callable[[float, float], bool]]] = [
     (r"at least|no less than|not less than|a minimum of|>=|≥|or more", operator.ge),
     (r"at most|no more than|not more than|up to|<=|≤|or less|or fewer", operator.le),
-    (r"more than|greater than|higher than|larger than|bigger than|in excess of|exceeds?|exceeding|over|above|"
-     r"older than|longer than|>", operator.gt),
+    (
+        r"more than|greater than|higher than|larger than|bigger than|in excess of|exceeds?|exceeding|over|above|"
+        r"older than|longer than|>",
+        operator.gt,
+    ),
     (r"less than|fewer than|lower than|smaller than|younger than|shorter than|under|below|<", operator.lt),
     (r"exactly|equal to|equals", operator.eq),
 ]
-_DATE_OPS = [(r"on or before|no later than|by", operator.le), (r"on or after|no earlier than", operator.ge),
-             (r"before|earlier than|prior to", operator.lt), (r"after|later than", operator.gt), (r"on", operator.eq)]
+_DATE_OPS = [
+    (r"on or before|no later than|by", operator.le),
+    (r"on or after|no earlier than", operator.ge),
+    (r"before|earlier than|prior to", operator.lt),
+    (r"after|later than", operator.gt),
+    (r"on", operator.eq),
+]
 _CLAUSE = re.compile(r"\b(?:and|or|but|unless|if|because|while|nor|either)\b|,|;", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Condition:
-    kind: str                  # the kind of quantity it compares (count also matches money)
+    kind: str  # the kind of quantity it compares (count also matches money)
     test: Callable[[float], bool]
-    subject: frozenset[str]    # the words that say what is compared
-    age: bool = False          # compares a date's age (reference date − date), in days
+    subject: frozenset[str]  # the words that say what is compared
+    age: bool = False  # compares a date's age (reference date − date), in days
     unit: frozenset[str] = frozenset()  # what a bare number counts ("more than 300 seats")
 
 
@@ -166,18 +197,18 @@ def _threshold(text: str) -> Quantity | None:
 
 
 def _range(t: str) -> Condition | None:
-    """"between $100 and $1,000", "$100 to $1,000", "100-1000": both ends inclusive."""
+    """ "between $100 and $1,000", "$100 to $1,000", "100-1000": both ends inclusive."""
     qs = quantities(t)
     if len(qs) != 2 or DATE in (qs[0].kind, qs[1].kind):
         return None
     lo, hi = qs
-    gap = t[lo.end:hi.start].strip().lower()
-    lead = re.search(r"\b(between|from)\s*$", t[:lo.start], re.IGNORECASE)
+    gap = t[lo.end : hi.start].strip().lower()
+    lead = re.search(r"\b(between|from)\s*$", t[: lo.start], re.IGNORECASE)
     if not (gap in ("to", "-", "–", "—", "through") or (gap == "and" and lead)):
         return None
     if lo.kind == COUNT and hi.kind != COUNT and hi.kind != MONEY:
         return None  # "3 to 5 days": the unit is on one end only; not worth guessing
-    residue = t[:lead.start() if lead else lo.start] + " " + t[hi.end:]
+    residue = t[: lead.start() if lead else lo.start] + " " + t[hi.end :]
     if _CLAUSE.search(residue.replace("(inclusive)", "")):
         return None
     kind = hi.kind if lo.kind == COUNT else lo.kind
@@ -190,16 +221,19 @@ def parse_condition(text: str) -> Condition | None:
     span = _range(t)
     if span:
         return span
-    relative = re.search(r"\b(?P<op>more than|over|at least|less than|under|at most|within|in)"
-                         r"(?: the (?P<dir>last|past|next|coming))?\s+(?P<n>[\d,.]+)\s+(?P<unit>\w+?)s?\s*(?P<ago>ago|old)?\b",
-                         t, re.IGNORECASE)
+    relative = re.search(
+        r"\b(?P<op>more than|over|at least|less than|under|at most|within|in)"
+        r"(?: the (?P<dir>last|past|next|coming))?\s+(?P<n>[\d,.]+)\s+(?P<unit>\w+?)s?\s*(?P<ago>ago|old)?\b",
+        t,
+        re.IGNORECASE,
+    )
     for pattern, op in _OPS:
         m = re.search(rf"(?<![\w<>=])(?:{pattern})(?![\w<>=])", t, re.IGNORECASE)
         if not m:
             continue
-        tail = t[m.end():]
+        tail = t[m.end() :]
         value_text = re.split(r"\?|$", tail, maxsplit=1)[0]
-        head, rest = t[:m.start()], value_text
+        head, rest = t[: m.start()], value_text
         threshold = _threshold(value_text)
         if "or more" == m[0].lower() or m[0].lower() in ("or less", "or fewer"):
             # "3 or more failed logins": the threshold comes before the words
@@ -207,37 +241,40 @@ def parse_condition(text: str) -> Condition | None:
             if not before:
                 return None
             threshold, rest = before[-1], ""
-            head = head[:threshold.start] + " " + head[threshold.end:] + " " + value_text
+            head = head[: threshold.start] + " " + head[threshold.end :] + " " + value_text
         if threshold is None:
             return None
-        residue = head + " " + (rest[:threshold.start] + rest[threshold.end:] if rest else "")
+        residue = head + " " + (rest[: threshold.start] + rest[threshold.end :] if rest else "")
         if _CLAUSE.search(residue.replace("(inclusive)", "")):
             return None
         negated = bool(re.search(r"\bnot\s*$", head, re.IGNORECASE)) and not m[0].lower().startswith("not ")
         age = threshold.kind == DURATION and bool(
-            (relative and relative["ago"]) or re.match(r"older|younger", m[0], re.IGNORECASE)
-            or re.search(r"\b(old|age|ago|since|opened|created|joined|registered)\b", residue, re.IGNORECASE))
+            (relative and relative["ago"])
+            or re.match(r"older|younger", m[0], re.IGNORECASE)
+            or re.search(r"\b(old|age|ago|since|opened|created|joined|registered)\b", residue, re.IGNORECASE)
+        )
         subject, unit = words(residue), frozenset()
         if threshold.kind == COUNT:  # "more than 3 failed logins": the words after say what is counted
-            counted = rest[threshold.end:] if rest else value_text
+            counted = rest[threshold.end :] if rest else value_text
             unit = frozenset(_ordered_words(counted)[:2])
             subject |= words(counted)
-        test = (lambda v, o=op, x=threshold.value, n=negated: o(v, x) != n)
+        test = lambda v, o=op, x=threshold.value, n=negated: o(v, x) != n
         return Condition(threshold.kind, test, frozenset(subject), age, unit)
     if relative and relative["op"].lower() in ("within", "in") and relative["unit"].lower() in _DAYS_PER:
         n = float(relative["n"].replace(",", "")) * _DAYS_PER[relative["unit"].lower()]
-        residue = t[:relative.start()] + " " + t[relative.end():]
+        residue = t[: relative.start()] + " " + t[relative.end() :]
         if _CLAUSE.search(residue):
             return None
         ahead = (relative["dir"] or "").lower() in ("next", "coming")  # a date to come: its age is negative
-        return Condition(DURATION, lambda v, n=n, s=-1 if ahead else 1: 0 <= s * v <= n, frozenset(words(residue)),
-                         age=True)
+        return Condition(
+            DURATION, lambda v, n=n, s=-1 if ahead else 1: 0 <= s * v <= n, frozenset(words(residue)), age=True
+        )
     for pattern, op in _DATE_OPS:
         m = re.search(rf"\b(?:{pattern})\s+(?={_DATE.pattern})", t, re.IGNORECASE)
         if not m:
             continue
-        dates = [q for q in quantities(t[m.end():]) if q.kind == DATE]
-        residue = t[:m.start()]
+        dates = [q for q in quantities(t[m.end() :]) if q.kind == DATE]
+        residue = t[: m.start()]
         if len(dates) != 1 or _CLAUSE.search(residue):
             return None
         return Condition(DATE, lambda v, o=op, x=dates[0].value: o(v, x), frozenset(words(residue)))
@@ -246,8 +283,11 @@ def parse_condition(text: str) -> Condition | None:
 
 # ---------------------------------------------------------------- reference date
 
-_TODAY = re.compile(rf"\b(?:today(?:'s date)? is|today:|as of|current date(?: is|:)|date today(?: is|:)|"
-                    rf"reference date(?: is|:)|now is)\s*(?:{_DATE.pattern})", re.IGNORECASE)
+_TODAY = re.compile(
+    rf"\b(?:today(?:'s date)? is|today:|as of|current date(?: is|:)|date today(?: is|:)|"
+    rf"reference date(?: is|:)|now is)\s*(?:{_DATE.pattern})",
+    re.IGNORECASE,
+)
 
 
 def reference_date(state_text: str) -> tuple[dt.date, int] | None:
@@ -260,8 +300,10 @@ def reference_date(state_text: str) -> tuple[dt.date, int] | None:
 
 # ---------------------------------------------------------------- matching and deciding
 
-def _candidates(state_text: str, condition: Condition, today: dt.date | None,
-                skip: int | None) -> list[tuple[float, Context]]:
+
+def _candidates(
+    state_text: str, condition: Condition, today: dt.date | None, skip: int | None
+) -> list[tuple[float, Context]]:
     """(value, context) of every quantity in the state the condition could compare: the same kind, money
     for a bare number that counts nothing in particular, and a date's age (days before the reference date).
     `skip` is where the state names the reference date, which is not a fact about anything."""
@@ -287,8 +329,10 @@ def _pick(candidates: Sequence[tuple[float, Context]], condition: Condition) -> 
     if len(candidates) <= 1:
         return candidates[0][0] if candidates else None
     subject, unit = condition.subject, condition.unit
-    ranked = sorted(((len(unit & c.after), len(subject & c.label), len(subject & c.near), -len(c.label - subject)),
-                     value) for value, c in candidates)
+    ranked = sorted(
+        ((len(unit & c.after), len(subject & c.label), len(subject & c.near), -len(c.label - subject)), value)
+        for value, c in candidates
+    )
     (best, value), (second, _) = ranked[-1], ranked[-2]
     return value if sum(best[:3]) > 0 and best > second else None
 
@@ -316,8 +360,9 @@ def decide(state_text: str, question: Noul | Choice | Score, today: dt.date | No
         return None if truth is None else ([1.0, 0.0] if truth else [0.0, 1.0])
     subject = words(_text(question.instructions) or "")
     if isinstance(question, Choice):
-        options = [_text(desc) if parse_condition(name) is None and desc else name
-                   for name, desc in question.criteria.items()]
+        options = [
+            _text(desc) if parse_condition(name) is None and desc else name for name, desc in question.criteria.items()
+        ]
     else:
         options = list(question.criteria)
     truths = []

@@ -18,6 +18,7 @@ Two kinds, both over HTTP with one client and a timeout:
   - without: the chosen answer gets 1 - UNSCORED_MASS and the others share UNSCORED_MASS evenly (a
     generated answer carries no probability, so it is served as sure but not certain).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -61,8 +62,9 @@ class _Remote:
         except ValueError as e:
             raise FallbackError(f"{self.url}{path}: the reply is not JSON") from e
 
-    def probabilities(self, state: Any, questions: Mapping[str, QuestionT],
-                      reference_date: dt.date | None = None) -> tuple[dict[str, list[float]], int, list[str]]:
+    def probabilities(
+        self, state: Any, questions: Mapping[str, QuestionT], reference_date: dt.date | None = None
+    ) -> tuple[dict[str, list[float]], int, list[str]]:
         """The distributions it could give (declared order; noul: yes, no), the tokens it reports, and no
         early exits: the Engine's fallback interface. Questions it could not answer are left out."""
         raise NotImplementedError
@@ -73,8 +75,11 @@ class SystemOneFallback(_Remote):
         super().__init__(url, model=model or "jev-latest", **kw)
 
     def probabilities(self, state, questions, reference_date=None):
-        body = {"model": self.model, "state": state,
-                "questions": {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions.items()}}
+        body = {
+            "model": self.model,
+            "state": state,
+            "questions": {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions.items()},
+        }
         if reference_date is not None:
             body["x_reference_date"] = reference_date.isoformat()
         reply = self._post("/v1/systemone", body)
@@ -105,7 +110,7 @@ class ChatFallback(_Remote):
 
     def __init__(self, url: str, *, model: str, **kw: Any):
         super().__init__(url, model=model, **kw)
-        self.schema_ok = True   # cleared if the server refuses response_format
+        self.schema_ok = True  # cleared if the server refuses response_format
         self.logprobs_ok = True
 
     def probabilities(self, state, questions, reference_date=None):
@@ -122,17 +127,35 @@ class ChatFallback(_Remote):
         rendered = render_question(q)
         answers = list(rendered.answers)
         today = f"Today is {reference_date.isoformat()}.\n\n" if reference_date else ""
-        body = {"model": self.model, "temperature": 0, "max_tokens": 64,
-                "messages": [{"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": f"{today}Text:\n{render_text(state)}\n\n{rendered.prompt}\n"
-                                                         "Reply with exactly one of the allowed answers."}]}
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": 64,
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {
+                    "role": "user",
+                    "content": f"{today}Text:\n{render_text(state)}\n\n{rendered.prompt}\n"
+                    "Reply with exactly one of the allowed answers.",
+                },
+            ],
+        }
         if self.logprobs_ok:
             body["logprobs"] = True
         if self.schema_ok:
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "answer", "strict": True,
-                "schema": {"type": "object", "properties": {"answer": {"type": "string", "enum": answers}},
-                           "required": ["answer"], "additionalProperties": False}}}
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "answer",
+                    "strict": True,
+                    "schema": {
+                        "type": "object",
+                        "properties": {"answer": {"type": "string", "enum": answers}},
+                        "required": ["answer"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
         try:
             reply = self._post("/v1/chat/completions", body)
         except FallbackError as e:

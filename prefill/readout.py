@@ -15,9 +15,10 @@ reads the last layer only); it is what early exit uses.
 Each head also carries a temperature per question type, fitted by `prefill train` on predictions for
 families the head did not see, and applied whenever it scores.
 
-A readout file is safetensors (the weights and temperatures) plus JSON (the config, the base model's fingerprint, how it was
-trained and what it scored), refused by any other base model.
+A readout file is safetensors (the weights and temperatures) plus JSON (the config, the base model's
+fingerprint, how it was trained and what it scored), refused by any other base model.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,15 +36,15 @@ KINDS = ("linear", "pointer", "mlp")
 
 @dataclass
 class ReadoutConfig:
-    kind: str                  # linear | pointer | mlp
-    layer: int                 # the decoder layer it reads (1-based; the last layer = the model's depth)
+    kind: str  # linear | pointer | mlp
+    layer: int  # the decoder layer it reads (1-based; the last layer = the model's depth)
     hidden: int
-    use_base: bool             # adds α · log-likelihood (only possible on the last layer)
+    use_base: bool  # adds α · log-likelihood (only possible on the last layer)
     model: str = ""
     fingerprint: str = ""
     rank: int = 64
-    exit_threshold: float | None = None   # early exit: stop at this head when its confidence clears this
-    adapter: str | None = None            # a LoRA trained with this head (lora.py): a folder beside its file
+    exit_threshold: float | None = None  # early exit: stop at this head when its confidence clears this
+    adapter: str | None = None  # a LoRA trained with this head (lora.py): a folder beside its file
     notes: dict = field(default_factory=dict)
 
 
@@ -63,14 +64,16 @@ class Readout(nn.Module):
         else:
             self.q = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
             self.k = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
-        self.alpha = nn.Parameter(torch.ones(len(TYPES)) if cfg.use_base else torch.zeros(len(TYPES)),
-                                  requires_grad=cfg.use_base)
+        self.alpha = nn.Parameter(
+            torch.ones(len(TYPES)) if cfg.use_base else torch.zeros(len(TYPES)), requires_grad=cfg.use_base
+        )
         # Per-type temperatures, fitted after training on predictions for families the head did not see
         # (training.fit_head); 1 while training.
         self.register_buffer("temperature", torch.ones(len(TYPES)))
 
-    def forward(self, qtype: torch.Tensor, decision: torch.Tensor, options: torch.Tensor,
-                loglik: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, qtype: torch.Tensor, decision: torch.Tensor, options: torch.Tensor, loglik: torch.Tensor
+    ) -> torch.Tensor:
         """Scores (logits over the declared answers) for a batch: qtype (B,), decision (B, H), options
         (B, N, H), loglik (B, N); padded answers are the caller's to mask."""
         h = self.norm(options)
@@ -94,7 +97,9 @@ class Readout(nn.Module):
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(path.with_suffix(".safetensors")))
+        save_file(
+            {k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(path.with_suffix(".safetensors"))
+        )
         path.with_suffix(".json").write_text(json.dumps(asdict(self.cfg), indent=2))
 
     @classmethod
@@ -102,8 +107,10 @@ class Readout(nn.Module):
         path = Path(path)
         cfg = ReadoutConfig(**json.loads(path.with_suffix(".json").read_text()))
         if fingerprint is not None and cfg.fingerprint != fingerprint:
-            raise ValueError(f"{path} was trained on model {cfg.model!r} ({cfg.fingerprint[:16]}), "
-                             f"not on the model being served ({fingerprint[:16]})")
+            raise ValueError(
+                f"{path} was trained on model {cfg.model!r} ({cfg.fingerprint[:16]}), "
+                f"not on the model being served ({fingerprint[:16]})"
+            )
         head = cls(cfg)
         head.load_state_dict(load_file(str(path.with_suffix(".safetensors"))))
         return head.eval()
@@ -114,6 +121,7 @@ class Readouts:
     """What the engine serves with: the final head, optionally a shallower one for early exit, and the LoRA
     adapter trained with the final head, if any (merged into the backend's weights by the Engine it is
     given to)."""
+
     final: Readout
     early: Readout | None = None
     name: str = ""
@@ -130,8 +138,9 @@ class Readouts:
         if path.is_dir():
             early = path / "early.json"
             final = Readout.load(path / "final.json", fingerprint)
-            return cls(final, Readout.load(early, fingerprint) if early.is_file() else None, path.name,
-                       _adapter(path, final))
+            return cls(
+                final, Readout.load(early, fingerprint) if early.is_file() else None, path.name, _adapter(path, final)
+            )
         final = Readout.load(path, fingerprint)
         return cls(final, None, path.stem, _adapter(path.parent, final))
 

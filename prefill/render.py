@@ -9,6 +9,7 @@ order cannot move any probability either.
 Text from the caller is tokenized with special tokens split, so `<|im_end|>` typed by a user is plain
 text to the model; only the chat template's own pieces may carry special tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ from typing import Any
 
 from .schema import Choice, Noul, Score
 
-SYSTEM = ("You answer questions about a text. Read the text, then answer the question with exactly one of "
-          "the allowed answers and nothing else.")
+SYSTEM = (
+    "You answer questions about a text. Read the text, then answer the question with exactly one of "
+    "the allowed answers and nothing else."
+)
 _USER = "\x00USER\x00"
 _REPLY = "\x00REPLY\x00"
 
@@ -33,6 +36,7 @@ SCORE_WORDS = ("numbers", "names")
 
 
 # ---------------------------------------------------------------- structured text
+
 
 def render_text(value: Any, indent: int = 0) -> str:
     """Strings as they are; objects as `key: value` lines and arrays as `- item` lines, nested by
@@ -77,16 +81,19 @@ def _inline(value: Any) -> str:
 
 # ---------------------------------------------------------------- question text
 
+
 @dataclass(frozen=True)
 class Rendered:
     """One question as text: the prompt after the state, and the answer strings, one per option in
     the caller's order (choice: option names; noul: Yes, No; score: level numbers)."""
+
     prompt: str
     answers: tuple[str, ...]
 
 
-def render_question(q: Noul | Choice | Score, noul_words: str = DEFAULT_NOUL_WORDS,
-                    score_words: str = DEFAULT_SCORE_WORDS) -> Rendered:
+def render_question(
+    q: Noul | Choice | Score, noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS
+) -> Rendered:
     if isinstance(q, Noul):
         return _render_noul(q, *ANSWER_WORDS[noul_words])
     if isinstance(q, Choice):
@@ -95,8 +102,11 @@ def render_question(q: Noul | Choice | Score, noul_words: str = DEFAULT_NOUL_WOR
 
 
 def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
-    lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
-             else "Question: Does the description below hold for the text?"]
+    lines = [
+        f"Question: {render_text(q.instructions)}"
+        if q.instructions is not None
+        else "Question: Does the description below hold for the text?"
+    ]
     crit = q.criteria
     if crit is not None and crit.true is not None:
         lines.append(f"{yes} means: {_inline(crit.true)}")
@@ -107,8 +117,12 @@ def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
 
 
 def _render_choice(q: Choice) -> Rendered:
-    lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
-             else "Question: Which option fits the text best?", "Options:"]
+    lines = [
+        f"Question: {render_text(q.instructions)}"
+        if q.instructions is not None
+        else "Question: Which option fits the text best?",
+        "Options:",
+    ]
     for name in sorted(q.criteria):  # canonical order: the request's option order must not matter
         desc = q.criteria[name]
         lines.append(f"- {name}: {_inline(desc)}" if desc is not None and _inline(desc) else f"- {name}")
@@ -117,8 +131,12 @@ def _render_choice(q: Choice) -> Rendered:
 
 
 def _render_score(q: Score) -> Rendered:
-    lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
-             else "Question: Which level fits the text best?", "Levels:"]
+    lines = [
+        f"Question: {render_text(q.instructions)}"
+        if q.instructions is not None
+        else "Question: Which level fits the text best?",
+        "Levels:",
+    ]
     lines += [f"{i}: {_inline(level)}" for i, level in enumerate(q.criteria)]
     lines.append("Answer with the number of exactly one level.")
     return Rendered("\n".join(lines), tuple(str(i) for i in range(len(q.criteria))))
@@ -128,8 +146,12 @@ def _render_score_names(q: Score) -> Rendered:
     """Levels answered by their own words ("Very angry") rather than their numbers, listed in order; a
     level with no words is answered by its number."""
     names = [_inline(level) or str(i) for i, level in enumerate(q.criteria)]
-    lines = [f"Question: {render_text(q.instructions)}" if q.instructions is not None
-             else "Question: Which level fits the text best?", "Levels, from lowest to highest:"]
+    lines = [
+        f"Question: {render_text(q.instructions)}"
+        if q.instructions is not None
+        else "Question: Which level fits the text best?",
+        "Levels, from lowest to highest:",
+    ]
     lines += [f"- {name}" for name in names]
     lines.append("Answer with exactly one level.")
     return Rendered("\n".join(lines), tuple(names))
@@ -137,11 +159,13 @@ def _render_score_names(q: Score) -> Rendered:
 
 # ---------------------------------------------------------------- the model's prompt format
 
+
 @dataclass(frozen=True)
 class PromptFormat:
     """The fixed text around the caller's text: `head` + state + `between` + question + `tail`, then an
     answer followed by `end`. With a chat template these come from the template itself (rendered around
     sentinels), so the prompt is exactly what the model was tuned on; without one, a plain format."""
+
     head: str
     between: str
     tail: str
@@ -149,8 +173,9 @@ class PromptFormat:
 
     @classmethod
     def plain(cls, bos: str = "", system: bool = True) -> PromptFormat:
-        return cls(head=f"{bos}{SYSTEM}\n\nText:\n" if system else f"{bos}Text:\n", between="\n\n",
-                   tail="\nAnswer: ", end="\n")
+        return cls(
+            head=f"{bos}{SYSTEM}\n\nText:\n" if system else f"{bos}Text:\n", between="\n\n", tail="\nAnswer: ", end="\n"
+        )
 
     @classmethod
     def from_chat_template(cls, tokenizer: Any, system: bool = True) -> PromptFormat:
@@ -160,7 +185,9 @@ class PromptFormat:
         text_intro = "Text:\n"
         prompt = None
         if system:
-            prompt = _apply(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _USER}], True)
+            prompt = _apply(
+                tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _USER}], True
+            )
             if prompt is None or _USER not in prompt:  # templates that refuse a system turn
                 text_intro = f"{SYSTEM}\n\nText:\n"
                 prompt = None
@@ -185,11 +212,13 @@ def _apply(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str
 
 # ---------------------------------------------------------------- tokens
 
+
 @dataclass(frozen=True)
 class Branches:
     """One question as tokens: the prompt that follows the state, and each answer's continuation
     (answer text plus the end-of-answer marker, whose last `end` tokens are the marker), in the caller's
     option order."""
+
     prompt: tuple[int, ...]
     answers: tuple[tuple[int, ...], ...]
     end: int = 0
@@ -206,8 +235,14 @@ class Renderer:
     "True"/"False") and `score_words` (levels answered by number or by name) are the prompt choices
     measured on real labelled text (benchmarks/realtext.py)."""
 
-    def __init__(self, tokenizer: Any, chat: bool | None = None, system: bool = DEFAULT_SYSTEM,
-                 noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS):
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat: bool | None = None,
+        system: bool = DEFAULT_SYSTEM,
+        noul_words: str = DEFAULT_NOUL_WORDS,
+        score_words: str = DEFAULT_SCORE_WORDS,
+    ):
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         has_template = bool(getattr(tokenizer, "chat_template", None))

@@ -5,6 +5,7 @@ returns these answers; the server only adds HTTP around them. Validation here is
 API documents (2..255 choice options, 2..10 score levels, noul criteria with `true`/`false` only), so
 a bad request fails as a 422 with FastAPI's `detail[]` shape before any model work starts.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -33,6 +34,7 @@ class _Question(BaseModel):
 
 class NoulCriteria(BaseModel):
     """What counts as yes (`true`) and as no (`false`); either side may be left out."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     true: Text | None = None
     false: Text | None = None
@@ -40,6 +42,7 @@ class NoulCriteria(BaseModel):
 
 class Noul(_Question):
     """A yes/no question or statement, answered as P(yes)."""
+
     type: Literal["noul"] = "noul"
     instructions: Text | None = None
     criteria: NoulCriteria | None = None
@@ -54,6 +57,7 @@ def _choice_criteria(value: Any) -> Any:
 
 class Choice(_Question):
     """One of 2..255 named options. Names are returned byte-for-byte; descriptions may be null."""
+
     type: Literal["choice"] = "choice"
     instructions: Text | None = None
     criteria: Annotated[dict[NonEmpty, Text | None], Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)]
@@ -64,6 +68,7 @@ class Choice(_Question):
 
 class Score(_Question):
     """One of 2..10 ordered levels (criteria[0] is level 0); the score is the expected level."""
+
     type: Literal["score"] = "score"
     instructions: Text | None = None
     criteria: Annotated[list[Text], Field(min_length=2, max_length=MAX_SCORE_LEVELS)]
@@ -89,8 +94,11 @@ class SystemOneRequest(BaseModel):
             for qid, q in questions.items():
                 if isinstance(q, dict) and q.get("type") == "choice" and not isinstance(q.get("criteria"), dict):
                     raise PydanticCustomError(
-                        "dict_type", "question {qid}: a choice's criteria must be an object of option name -> "
-                        "description (null for none)", {"qid": qid})
+                        "dict_type",
+                        "question {qid}: a choice's criteria must be an object of option name -> "
+                        "description (null for none)",
+                        {"qid": qid},
+                    )
         return questions
 
 

@@ -24,6 +24,7 @@ cannot depend on the other questions, their order or ids, and permuting the opti
 Which readout and correction the engine uses per question type was chosen on real labelled text
 (benchmarks/realtext.py; README "Real text"): see DEFAULT.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,7 @@ class Scoring:
 
     @classmethod
     def parse(cls, text: str) -> Scoring:
-        """"whole", "first+contextual", "whole+pmi*0.5", ... (the form str() gives)."""
+        """ "whole", "first+contextual", "whole+pmi*0.5", ... (the form str() gives)."""
         readout, _, correction = text.partition("+")
         correction, _, weight = correction.partition("*")
         try:
@@ -73,7 +74,7 @@ class Scoring:
         if self.readout == "first":
             return Branches(b.prompt, tuple(a[:1] for a in b.answers), 0)
         if self.readout == "noend" and b.end:
-            return Branches(b.prompt, tuple(a[:len(a) - b.end] for a in b.answers), 0)
+            return Branches(b.prompt, tuple(a[: len(a) - b.end] for a in b.answers), 0)
         return b
 
     def combine(self, b: Branches, loglik: Sequence[float]) -> list[float]:
@@ -111,16 +112,21 @@ class PriorCache:
         self.size = size
         self._raw: OrderedDict[tuple[Branches, str], list[float]] = OrderedDict()
 
-    def fill(self, wanted: Sequence[Branches], texts: Sequence[str],
-             score: Callable[[str, list[Branches]], list[list[float]]]) -> None:
+    def fill(
+        self,
+        wanted: Sequence[Branches],
+        texts: Sequence[str],
+        score: Callable[[str, list[Branches]], list[list[float]]],
+    ) -> None:
         """Score what is not cached yet: one packed pass per content-free text."""
         for text in texts:
             missing = list(dict.fromkeys(b for b in wanted if (b, text) not in self._raw))
             if missing:
                 self._raw.update({(b, text): s for b, s in zip(missing, score(text, missing))})
 
-    def log_priors(self, scoring: Scoring, wanted: Sequence[Branches],
-                   score: Callable[[str, list[Branches]], list[list[float]]]) -> list[list[float]]:
+    def log_priors(
+        self, scoring: Scoring, wanted: Sequence[Branches], score: Callable[[str, list[Branches]], list[list[float]]]
+    ) -> list[list[float]]:
         """log p_cf per answer for each of `wanted` (branches as `scoring.branches` made them): the answer
         distributions on the correction's content-free states, averaged."""
         texts = CONTENT_FREE[scoring.correction]

@@ -5,6 +5,7 @@ flag, help and parsing, so adding an option is one field (plus its use). Every c
 takes these flags (`Settings.add_arguments`), reads them into a `Settings` (`Settings.from_args`), and
 builds its model from it (`api.Prefill.from_settings`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ def scoring_options(values: list[str]) -> dict[str, str] | None:
     """--scoring TYPE=WAY values as {type: way}; `all` sets every type, later values win. A bad one raises
     ValueError, which the command line reports as a usage error."""
     from .scoring import Scoring
+
     out: dict[str, str] = {}
     for value in values:
         qtype, sep, way = value.partition("=")
@@ -57,75 +59,185 @@ def scoring_options(values: list[str]) -> dict[str, str] | None:
 
 @dataclass(frozen=True)
 class Settings:
-    model: str | None = field(default=None, metadata=flag(
-        "--model", "an embedded model (the default: qwen2.5-coder-1.5b-instruct on a CPU with bf16 units, "
-        "qwen2.5-coder-0.5b-instruct in fp32; smollm2-135m-instruct, 3x faster than the 0.5B but at chance on real "
-        "text), a Hugging Face model id, a local model directory or a .gguf file"))
-    dtype: str | None = field(default=None, metadata=flag(
-        "--dtype", "auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, "
-        "AVX-512 bf16) or on a GPU, float32 elsewhere; float32 is the exact reference path (README \"The CPU's "
-        "matrix units\")", choices=DTYPES))
-    route: str = field(default="auto", metadata=flag(
-        "--route", "decoder: a causal LM, one pass over a token tree; encoder: a bidirectional encoder with a "
-        "[MASK] slot per option, one sequence per question (README 'Encoder route'); auto: by the model's type",
-        choices=["auto", "decoder", "encoder"]))
-    backend: str = field(default="torch", metadata=flag(
-        "--backend", "torch: the token-tree engine (the reference); vllm: vLLM's paged KV cache and prefix "
-        "caching, the same answers, no trained readouts (make vllm-setup; README 'vLLM backend')",
-        choices=["torch", "vllm"]))
-    packing: str = field(default="auto", metadata=flag(
-        "--packing", "packed: one tree-masked pass; rows: a row per answer over the cached state (for models that "
-        "ignore masks)", choices=["auto", "packed", "rows"]))
-    chat: bool | None = field(default=None, metadata=flag(
-        "--no-chat", "use a plain prompt instead of the model's chat template", action="store_true",
-        parse=lambda no_chat: False if no_chat else None))
-    system: bool = field(default=DEFAULT_SYSTEM, metadata=flag(
-        "--system", "prefill's instruction as a system turn, or only the text and the question (default "
-        f"{'on' if DEFAULT_SYSTEM else 'off'})", choices=["on", "off"], parse=on_off))
-    noul_words: str = field(default=DEFAULT_NOUL_WORDS, metadata=flag(
-        "--noul-words", f"the two answers of a yes/no question: Yes/No or True/False (default {DEFAULT_NOUL_WORDS})",
-        choices=["yesno", "truefalse"]))
-    score_words: str = field(default=DEFAULT_SCORE_WORDS, metadata=flag(
-        "--score-words", "a score question's levels answered by number or by their own words (default "
-        f"{DEFAULT_SCORE_WORDS})", choices=["numbers", "names"]))
-    scoring: dict[str, str] | None = field(default=None, metadata=flag(
-        "--scoring", "how answers are read for a question type (noul, choice, score or all), e.g. choice=first, "
-        "all=whole+pmi or choice=whole+pmi*0.5 (a weight on the prior); readouts whole|noend|mean|first, "
-        "corrections contextual|pmi|none (default: whole+pmi for every type; README 'Real tasks')",
-        action="append", metavar="TYPE=READOUT[+CORRECTION]", parse=scoring_options))
-    max_request_tokens: int = field(default=DEFAULT_MAX_REQUEST_TOKENS, metadata=flag(
-        "--max-request-tokens", "the most tokens one request may use (default %(default)s)", type=int))
-    max_sequence_tokens: int = field(default=DEFAULT_MAX_SEQUENCE_TOKENS, metadata=flag(
-        "--max-sequence-tokens", "the most tokens of the state plus its longest question and answer (default "
-        "%(default)s; never more than the model's context)", type=int))
-    calibration: str | None = field(default="auto", metadata=flag(
-        "--calibration", "auto (the temperatures fitted for this model, if any), a calibration file, or none",
-        parse=lambda v: None if v == "none" else v))
-    facts: bool = field(default=True, metadata=flag(
-        "--facts", "answer single numeric and date comparisons exactly, by parsing (default on)",
-        choices=["on", "off"], parse=on_off))
-    readouts: tuple[tuple[str | None, str], ...] = field(default=(), metadata=flag(
-        "--readout", "a trained readout (prefill train's folder or file), read instead of the log-likelihoods; "
-        "serve: repeatable, each served as model NAME (default: base+folder) beside the plain base, all on one "
-        "copy of the weights (a LoRA readout must be served alone)", action="append", metavar="[NAME=]DIR",
-        parse=readout_options))
-    fallback_below: float | None = field(default=None, metadata=flag(
-        "--fallback-below", "questions whose confidence, (p_max - 1/n)/(1 - 1/n), is under this are escalated "
-        "(--fallback-url or --fallback-model) or listed in x_low_confidence", type=float))
-    fallback_url: str | None = field(default=None, metadata=flag(
-        "--fallback-url", "a server for low-confidence questions: another System One server, or with "
-        "--fallback-kind openai an OpenAI-compatible chat endpoint (its base URL)"))
-    fallback_kind: str = field(default="systemone", metadata=flag(
-        "--fallback-kind", "what --fallback-url speaks", choices=["systemone", "openai"]))
-    fallback_model: str | None = field(default=None, metadata=flag(
-        "--fallback-model", "with --fallback-url: the model name to ask there (System One default jev-latest; "
-        "required for openai); without: a stronger local model loaded in this process"))
-    fallback_key: str | None = field(default=None, metadata=flag(
-        "--fallback-key", "Bearer key for --fallback-url (also PREFILL_FALLBACK_KEY)",
-        parse=lambda v: v or os.environ.get("PREFILL_FALLBACK_KEY")))
-    fallback_timeout: float = field(default=10.0, metadata=flag(
-        "--fallback-timeout", "seconds to wait for --fallback-url before keeping the local answer (default 10)",
-        type=float))
+    model: str | None = field(
+        default=None,
+        metadata=flag(
+            "--model",
+            "an embedded model (the default: qwen2.5-coder-1.5b-instruct on a CPU with bf16 units, "
+            "qwen2.5-coder-0.5b-instruct in fp32; smollm2-135m-instruct, 3x faster than the 0.5B but at chance on real "
+            "text), a Hugging Face model id, a local model directory or a .gguf file",
+        ),
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=flag(
+            "--dtype",
+            "auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, "
+            "AVX-512 bf16) or on a GPU, float32 elsewhere; float32 is the exact reference path (README \"The CPU's "
+            'matrix units")',
+            choices=DTYPES,
+        ),
+    )
+    route: str = field(
+        default="auto",
+        metadata=flag(
+            "--route",
+            "decoder: a causal LM, one pass over a token tree; encoder: a bidirectional encoder with a "
+            "[MASK] slot per option, one sequence per question (README 'Encoder route'); auto: by the model's type",
+            choices=["auto", "decoder", "encoder"],
+        ),
+    )
+    backend: str = field(
+        default="torch",
+        metadata=flag(
+            "--backend",
+            "torch: the token-tree engine (the reference); vllm: vLLM's paged KV cache and prefix "
+            "caching, the same answers, no trained readouts (make vllm-setup; README 'vLLM backend')",
+            choices=["torch", "vllm"],
+        ),
+    )
+    packing: str = field(
+        default="auto",
+        metadata=flag(
+            "--packing",
+            "packed: one tree-masked pass; rows: a row per answer over the cached state (for models that ignore masks)",
+            choices=["auto", "packed", "rows"],
+        ),
+    )
+    chat: bool | None = field(
+        default=None,
+        metadata=flag(
+            "--no-chat",
+            "use a plain prompt instead of the model's chat template",
+            action="store_true",
+            parse=lambda no_chat: False if no_chat else None,
+        ),
+    )
+    system: bool = field(
+        default=DEFAULT_SYSTEM,
+        metadata=flag(
+            "--system",
+            "prefill's instruction as a system turn, or only the text and the question (default "
+            f"{'on' if DEFAULT_SYSTEM else 'off'})",
+            choices=["on", "off"],
+            parse=on_off,
+        ),
+    )
+    noul_words: str = field(
+        default=DEFAULT_NOUL_WORDS,
+        metadata=flag(
+            "--noul-words",
+            f"the two answers of a yes/no question: Yes/No or True/False (default {DEFAULT_NOUL_WORDS})",
+            choices=["yesno", "truefalse"],
+        ),
+    )
+    score_words: str = field(
+        default=DEFAULT_SCORE_WORDS,
+        metadata=flag(
+            "--score-words",
+            f"a score question's levels answered by number or by their own words (default {DEFAULT_SCORE_WORDS})",
+            choices=["numbers", "names"],
+        ),
+    )
+    scoring: dict[str, str] | None = field(
+        default=None,
+        metadata=flag(
+            "--scoring",
+            "how answers are read for a question type (noul, choice, score or all), e.g. choice=first, "
+            "all=whole+pmi or choice=whole+pmi*0.5 (a weight on the prior); readouts whole|noend|mean|first, "
+            "corrections contextual|pmi|none (default: whole+pmi for every type; README 'Real tasks')",
+            action="append",
+            metavar="TYPE=READOUT[+CORRECTION]",
+            parse=scoring_options,
+        ),
+    )
+    max_request_tokens: int = field(
+        default=DEFAULT_MAX_REQUEST_TOKENS,
+        metadata=flag("--max-request-tokens", "the most tokens one request may use (default %(default)s)", type=int),
+    )
+    max_sequence_tokens: int = field(
+        default=DEFAULT_MAX_SEQUENCE_TOKENS,
+        metadata=flag(
+            "--max-sequence-tokens",
+            "the most tokens of the state plus its longest question and answer (default "
+            "%(default)s; never more than the model's context)",
+            type=int,
+        ),
+    )
+    calibration: str | None = field(
+        default="auto",
+        metadata=flag(
+            "--calibration",
+            "auto (the temperatures fitted for this model, if any), a calibration file, or none",
+            parse=lambda v: None if v == "none" else v,
+        ),
+    )
+    facts: bool = field(
+        default=True,
+        metadata=flag(
+            "--facts",
+            "answer single numeric and date comparisons exactly, by parsing (default on)",
+            choices=["on", "off"],
+            parse=on_off,
+        ),
+    )
+    readouts: tuple[tuple[str | None, str], ...] = field(
+        default=(),
+        metadata=flag(
+            "--readout",
+            "a trained readout (prefill train's folder or file), read instead of the log-likelihoods; "
+            "serve: repeatable, each served as model NAME (default: base+folder) beside the plain base, all on one "
+            "copy of the weights (a LoRA readout must be served alone)",
+            action="append",
+            metavar="[NAME=]DIR",
+            parse=readout_options,
+        ),
+    )
+    fallback_below: float | None = field(
+        default=None,
+        metadata=flag(
+            "--fallback-below",
+            "questions whose confidence, (p_max - 1/n)/(1 - 1/n), is under this are escalated "
+            "(--fallback-url or --fallback-model) or listed in x_low_confidence",
+            type=float,
+        ),
+    )
+    fallback_url: str | None = field(
+        default=None,
+        metadata=flag(
+            "--fallback-url",
+            "a server for low-confidence questions: another System One server, or with "
+            "--fallback-kind openai an OpenAI-compatible chat endpoint (its base URL)",
+        ),
+    )
+    fallback_kind: str = field(
+        default="systemone",
+        metadata=flag("--fallback-kind", "what --fallback-url speaks", choices=["systemone", "openai"]),
+    )
+    fallback_model: str | None = field(
+        default=None,
+        metadata=flag(
+            "--fallback-model",
+            "with --fallback-url: the model name to ask there (System One default jev-latest; "
+            "required for openai); without: a stronger local model loaded in this process",
+        ),
+    )
+    fallback_key: str | None = field(
+        default=None,
+        metadata=flag(
+            "--fallback-key",
+            "Bearer key for --fallback-url (also PREFILL_FALLBACK_KEY)",
+            parse=lambda v: v or os.environ.get("PREFILL_FALLBACK_KEY"),
+        ),
+    )
+    fallback_timeout: float = field(
+        default=10.0,
+        metadata=flag(
+            "--fallback-timeout",
+            "seconds to wait for --fallback-url before keeping the local answer (default 10)",
+            type=float,
+        ),
+    )
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

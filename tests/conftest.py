@@ -1,6 +1,7 @@
 """Tiny models built in-process: a byte-level BPE tokenizer with a ChatML template, and 2-layer Llama and
 Qwen2 models with random weights large enough that answers really depend on the context (so a leak
 between branches would show). Nothing is downloaded."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ from prefill.scoring import Scoring
 
 RAW = {t: Scoring("whole", "none") for t in ("noul", "choice", "score")}  # whole-sequence likelihood, uncorrected
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"  # noqa: E501
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 CORPUS = [
     "I was charged twice for my March invoice and the refund has not arrived.",
@@ -39,11 +42,19 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = CHATML
     return fast
 
@@ -51,8 +62,17 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
 def make_model(kind: str, vocab: int, seed: int = 0, **config):
     """`config`: overrides, e.g. num_attention_heads=2 for head_dim 32 (vLLM's CPU kernels take no 16)."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=16384, initializer_range=0.3, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16384,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+    )
     common.update(config)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -86,4 +106,5 @@ def default_prefill():
     model fails rather than skips."""
     default_gguf()  # raises ModelNotFound with the install command
     from prefill import Prefill
+
     return Prefill(calibration=None)

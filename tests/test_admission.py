@@ -1,6 +1,7 @@
 """Serving under load (serving/scheduler.py, serving/telemetry.py): the bounded queue and its 429, the
 deadline's 503, a disconnected client's work dropped, waiting requests batched (each answer as alone), and
 /metrics moving as requests are served. The model is held at a gate so that the queue's state is known."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -65,22 +66,22 @@ def asked(state: str) -> dict:
 
 
 def test_full_queue_is_429_at_once_and_waiting_requests_run_together(gated, tiny_model, tokenizer):
-    app = create_app(Engine(gated), max_queue=3, max_batch=8)   # one running and two waiting: full
+    app = create_app(Engine(gated), max_queue=3, max_batch=8)  # one running and two waiting: full
     with TestClient(app, raise_server_exceptions=False) as c, cf.ThreadPoolExecutor(4) as pool:
         first = pool.submit(c.post, "/v1/systemone", json=asked("A first message."))
-        assert gated.entered.wait(10)                       # running, held at the gate
+        assert gated.entered.wait(10)  # running, held at the gate
         queued = [pool.submit(c.post, "/v1/systemone", json=asked(s)) for s in ("Second.", "A third, longer one.")]
         waiting(app, 2)
         start = time.monotonic()
         refused = c.post("/v1/systemone", json=asked("Fourth."))
-        assert time.monotonic() - start < 1.0               # refused at once, not after a wait
+        assert time.monotonic() - start < 1.0  # refused at once, not after a wait
         assert refused.status_code == 429
         assert int(refused.headers["Retry-After"]) >= 1
         assert refused.json()["detail"]["error_type"] == "rate_limit_error"
         gated.gate.set()
         answers = [f.result(30) for f in (first, *queued)]
     assert [r.status_code for r in answers] == [200, 200, 200]
-    assert gated.batches == [1, 2]                          # the two that waited ran in one batch
+    assert gated.batches == [1, 2]  # the two that waited ran in one batch
     alone = Engine(make_backend(tiny_model, tokenizer))
     for r, state in zip(answers[1:], ("Second.", "A third, longer one.")):
         expected = alone.decide(state, {k: q for k, q in _questions().items()})
@@ -93,6 +94,7 @@ def test_full_queue_is_429_at_once_and_waiting_requests_run_together(gated, tiny
 
 def _questions():
     from prefill.schema import SystemOneRequest
+
     return SystemOneRequest.model_validate(asked("x")).questions
 
 
@@ -106,22 +108,25 @@ def test_a_request_past_its_deadline_is_503_and_never_computed(gated):
         assert late.json()["detail"]["error_type"] == "overloaded_error"
         gated.gate.set()
         assert first.result(30).status_code == 200
-    assert gated.batches == [1]                             # the late one never reached the model
+    assert gated.batches == [1]  # the late one never reached the model
 
 
 def _post_and_hang_up(url: str, payload: dict) -> None:
     host, port = url.removeprefix("http://").split(":")
     raw = json.dumps(payload).encode()
     with socket.create_connection((host, int(port))) as s:
-        s.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
-        time.sleep(0.2)                                     # queued by now; then the client goes away
+        s.sendall(
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+        )
+        time.sleep(0.2)  # queued by now; then the client goes away
 
 
 def test_a_disconnected_clients_work_is_dropped(gated):
     app = create_app(Engine(gated), max_batch=1)
     with serving(app) as url, cf.ThreadPoolExecutor(2) as pool:
         import httpx
+
         first = pool.submit(httpx.post, url + "/v1/systemone", json=asked("Held at the gate."), timeout=30)
         assert gated.entered.wait(10)
         for i in range(4):
@@ -129,34 +134,40 @@ def test_a_disconnected_clients_work_is_dropped(gated):
         deadline = time.monotonic() + 10
         while app.state.scheduler.depth and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert app.state.scheduler.depth == 0               # the four were taken back out of the queue
+        assert app.state.scheduler.depth == 0  # the four were taken back out of the queue
         gated.gate.set()
         assert first.result(30).status_code == 200
         time.sleep(0.3)
-    assert gated.batches == [1]                             # 5 requests sent, 1 forward batch run
+    assert gated.batches == [1]  # 5 requests sent, 1 forward batch run
 
 
 def metrics(c) -> dict[tuple, float]:
     r = c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(r.text)
+        for s in fam.samples
+    }
 
 
 def test_metrics_move_as_requests_are_served(tiny_model, tokenizer):
     engine = Engine(make_backend(tiny_model, tokenizer))
     with TestClient(create_app(engine), raise_server_exceptions=False) as c:
         before = metrics(c)
-        ok = {**asked("I was charged twice: the total is 40 EUR."), "questions": {"r": NOUL, "t": CHOICE, "n": {
-            "type": "noul", "instructions": "Is the total over 30 EUR?"}}}
+        ok = {
+            **asked("I was charged twice: the total is 40 EUR."),
+            "questions": {"r": NOUL, "t": CHOICE, "n": {"type": "noul", "instructions": "Is the total over 30 EUR?"}},
+        }
         assert c.post("/v1/systemone", json=ok).status_code == 200
-        assert c.post("/v1/systemone", json=ok).status_code == 200    # same state: a cache hit
+        assert c.post("/v1/systemone", json=ok).status_code == 200  # same state: a cache hit
         assert c.post("/v1/systemone", json={"model": "jev-latest"}).status_code == 422
         after = metrics(c)
 
     def moved(name, **labels):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0) - before.get(key, 0)
+
     assert moved("prefill_requests_total", endpoint="/v1/systemone", status="200") == 2
     assert moved("prefill_requests_total", endpoint="/v1/systemone", status="422") == 1
     assert moved("prefill_request_seconds_count", endpoint="/v1/systemone") == 3

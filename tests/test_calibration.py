@@ -1,4 +1,5 @@
 """Metrics, temperature fitting, and calibration applied when serving (probabilities and confidence move)."""
+
 from __future__ import annotations
 
 import json
@@ -68,11 +69,18 @@ def test_calibration_file_is_tied_to_the_model(tmp_path):
 def test_served_probabilities_follow_the_calibration(tokenizer):
     model = make_model("llama", len(tokenizer))
     raw = Engine(make_backend(model, tokenizer))
-    hot = Engine(make_backend(model, tokenizer), calibration=Calibration("tiny", "", {"noul": 3.0, "choice": 3.0, "score": 0.5}))
-    body = {"model": "jev-latest", "state": "I was charged twice.", "questions": {
-        "r": {"type": "noul", "instructions": "Refund?"},
-        "t": {"type": "choice", "criteria": {"Billing": None, "Technical": None, "Sales": None}},
-        "a": {"type": "score", "criteria": ["calm", "annoyed", "furious"]}}}
+    hot = Engine(
+        make_backend(model, tokenizer), calibration=Calibration("tiny", "", {"noul": 3.0, "choice": 3.0, "score": 0.5})
+    )
+    body = {
+        "model": "jev-latest",
+        "state": "I was charged twice.",
+        "questions": {
+            "r": {"type": "noul", "instructions": "Refund?"},
+            "t": {"type": "choice", "criteria": {"Billing": None, "Technical": None, "Sales": None}},
+            "a": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
+        },
+    }
     with TestClient(create_app(raw)) as c:
         a = c.post("/v1/systemone", json=body).json()["answers"]
     with TestClient(create_app(hot)) as c:
@@ -92,11 +100,17 @@ def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
     rows = []
     rng = random.Random(0)
     for i in range(12):
-        rows.append({"state": f"Ticket {i}: {'charged twice' if i % 2 else 'app crashes'}",
-                     "questions": {"refund": {"type": "noul", "instructions": "Refund?"},
-                                   "team": {"type": "choice", "criteria": {"Billing": None, "Technical": None}},
-                                   "anger": {"type": "score", "criteria": ["calm", "annoyed", "furious"]}},
-                     "gold": {"refund": bool(i % 2), "team": "Billing" if i % 2 else "Technical", "anger": rng.randrange(3)}})
+        rows.append(
+            {
+                "state": f"Ticket {i}: {'charged twice' if i % 2 else 'app crashes'}",
+                "questions": {
+                    "refund": {"type": "noul", "instructions": "Refund?"},
+                    "team": {"type": "choice", "criteria": {"Billing": None, "Technical": None}},
+                    "anger": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
+                },
+                "gold": {"refund": bool(i % 2), "team": "Billing" if i % 2 else "Technical", "anger": rng.randrange(3)},
+            }
+        )
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cal_file = tmp_path / "cal.json"
@@ -104,13 +118,26 @@ def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
     assert run.returncode == 0, run.stderr[-2000:]
     fitted = json.loads(cal_file.read_text())
     assert set(fitted["temperatures"]["by_type"]) == {"noul", "choice", "score"}
-    run = run_cli("eval", str(data), "--model", str(model_dir), "--calibration", str(cal_file), "--folds", "3",
-                  "--generate", "--out", str(tmp_path / "ev"))
+    run = run_cli(
+        "eval",
+        str(data),
+        "--model",
+        str(model_dir),
+        "--calibration",
+        str(cal_file),
+        "--folds",
+        "3",
+        "--generate",
+        "--out",
+        str(tmp_path / "ev"),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads((tmp_path / "ev" / "eval.json").read_text())
     for key in ("raw", "calibrated", "calibrated_cross_validated"):
         assert set(report[key]) == {"noul", "choice", "score"}
-    assert {"accuracy", "macro_f1", "log_loss", "brier", "ece", "ece_floor", "rps", "mae"} <= set(report["raw"]["score"])
+    assert {"accuracy", "macro_f1", "log_loss", "brier", "ece", "ece_floor", "rps", "mae"} <= set(
+        report["raw"]["score"]
+    )
     for qtype in ("choice", "score"):  # a temperature never moves the argmax
         assert report["calibrated"][qtype]["accuracy"] == report["raw"][qtype]["accuracy"]
     for qtype in ("noul", "choice", "score"):  # fitted on this very data: the log loss cannot get worse
@@ -123,11 +150,12 @@ def test_platt_recovers_a_lean_towards_yes():
     rng = random.Random(2)
     preds = []
     for _ in range(3000):
-        x = rng.gauss(0, 2)                       # the true yes-minus-no log odds
+        x = rng.gauss(0, 2)  # the true yes-minus-no log odds
         gold = 0 if rng.random() < 1 / (1 + math.exp(-x)) else 1
-        shown = x + 1.5                            # a model that leans towards yes
+        shown = x + 1.5  # a model that leans towards yes
         preds.append(([1 / (1 + math.exp(-shown)), 1 / (1 + math.exp(shown))], gold))
     from prefill.calibration import fit_platt
+
     t, b = fit_platt(preds)
     assert 0.85 < t < 1.2 and -1.8 < b < -1.2
     cal = Calibration("m", "", {"noul": t}, bias={"noul": b})

@@ -1,4 +1,5 @@
 """`prefill ask` with a local model directory (`--model DIR`), and its input errors."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,30 @@ def model_dir(tmp_path_factory, tokenizer) -> Path:
 
 
 def ask(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefill.cli", "ask", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "ask", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_ask_from_files(model_dir, tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"subject": "Charged twice", "body": "Refund me."}))
-    (tmp_path / "q.json").write_text(json.dumps({
-        "refund": {"type": "noul", "instructions": "Refund?"},
-        "anger": {"type": "score", "criteria": ["calm", "angry"]}}))
-    run = ask("--model", str(model_dir), "--state", f"@{tmp_path / 'state.json'}", "--questions", f"@{tmp_path / 'q.json'}", "--usage")
+    (tmp_path / "q.json").write_text(
+        json.dumps(
+            {
+                "refund": {"type": "noul", "instructions": "Refund?"},
+                "anger": {"type": "score", "criteria": ["calm", "angry"]},
+            }
+        )
+    )
+    run = ask(
+        "--model",
+        str(model_dir),
+        "--state",
+        f"@{tmp_path / 'state.json'}",
+        "--questions",
+        f"@{tmp_path / 'q.json'}",
+        "--usage",
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["model"] == resolve(str(model_dir)).name
@@ -38,7 +54,9 @@ def test_ask_from_files(model_dir, tmp_path):
 
 
 def test_ask_rejects_bad_questions(model_dir):
-    run = ask("--model", str(model_dir), "--state", "x", "--questions", '{"q": {"type": "choice", "criteria": {"one": null}}}')
+    run = ask(
+        "--model", str(model_dir), "--state", "x", "--questions", '{"q": {"type": "choice", "criteria": {"one": null}}}'
+    )
     assert run.returncode == 2 and "criteria" in run.stderr
 
 
@@ -46,8 +64,16 @@ def test_a_bad_scoring_option_is_a_clear_error(model_dir):
     for bad in ("choice=magic", "colour=whole", "whole"):
         run = ask("--model", str(model_dir), "--scoring", bad, "--state", "x", "--questions", '{"q": {"type": "noul"}}')
         assert run.returncode == 2 and "--scoring" in run.stderr and "Traceback" not in run.stderr
-    ok = ask("--model", str(model_dir), "--scoring", "all=first+contextual", "--state", "x",
-             "--questions", '{"q": {"type": "noul"}}')
+    ok = ask(
+        "--model",
+        str(model_dir),
+        "--scoring",
+        "all=first+contextual",
+        "--state",
+        "x",
+        "--questions",
+        '{"q": {"type": "noul"}}',
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -65,10 +91,14 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     rows = []
     for i in range(10):
         angry = i % 2 == 0
-        rows.append({"family": "a" if i < 8 else "b",
-                     "state": ("I am furious! " if angry else "All good, thanks. ") + f"Order {i}.",
-                     "questions": {"q": {"type": "noul", "instructions": "Is the customer angry?"}},
-                     "gold": {"q": angry}})
+        rows.append(
+            {
+                "family": "a" if i < 8 else "b",
+                "state": ("I am furious! " if angry else "All good, thanks. ") + f"Order {i}.",
+                "questions": {"q": {"type": "noul", "instructions": "Is the customer angry?"}},
+                "gold": {"q": angry},
+            }
+        )
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     model = ("--model", str(model_dir))
@@ -76,8 +106,19 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     assert run.returncode == 0, run.stderr
     recorded = [json.loads(line) for line in (tmp_path / "teacher.jsonl").read_text().splitlines()]
     assert len(recorded) == 10 and recorded[0]["response"]["answers"]["q"]["type"] == "noul"
-    run = prefill("train", str(data), *model, "--teacher", str(tmp_path / "teacher.jsonl"), "--early-layer", "1",
-                  "--exclude-families", "b", "--out", str(tmp_path / "head"))
+    run = prefill(
+        "train",
+        str(data),
+        *model,
+        "--teacher",
+        str(tmp_path / "teacher.jsonl"),
+        "--early-layer",
+        "1",
+        "--exclude-families",
+        "b",
+        "--out",
+        str(tmp_path / "head"),
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["items"] == 8 and report["with_teacher"] == 8 and report["layers"] == [1, 2]
@@ -86,8 +127,23 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     run = prefill("eval", str(data), *model, "--readout", str(tmp_path / "head"), "--out", str(tmp_path / "ev"))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["model"].endswith("+head")
-    run = prefill("train", str(data), *model, "--teacher", str(tmp_path / "teacher.jsonl"), "--kind", "lora",
-                  "--lora-layers", "1", "--early-layer", "1", "--epochs", "2", "--out", str(tmp_path / "lora"))
+    run = prefill(
+        "train",
+        str(data),
+        *model,
+        "--teacher",
+        str(tmp_path / "teacher.jsonl"),
+        "--kind",
+        "lora",
+        "--lora-layers",
+        "1",
+        "--early-layer",
+        "1",
+        "--epochs",
+        "2",
+        "--out",
+        str(tmp_path / "lora"),
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["validation"] == "b" and report["final"]["kind"] == "lora" and "exit_threshold" in report["early"]

@@ -1,6 +1,7 @@
 """On the embedded default model (offline): invariances, exact options, the shipped calibration, obvious real
 reviews answered the right way round, a live server that passes the jevcompat conformance suite with and
 without keys, and the official SDK."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,16 @@ from prefill.schema import Choice, Noul, Score
 
 pytestmark = pytest.mark.default_model
 TOL = 1e-4
-TICKET = ("Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
-          "still hasn't arrived. Please fix this today or I will dispute the charge with my bank.")
+TICKET = (
+    "Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
+    "still hasn't arrived. Please fix this today or I will dispute the charge with my bank."
+)
 QUESTIONS = {
     "refund": Noul("Is the customer asking for money back?"),
-    "team": Choice("Which team should handle this ticket?",
-                   {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"}),
+    "team": Choice(
+        "Which team should handle this ticket?",
+        {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"},
+    ),
     "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
     "kind": Choice("What kind of case is this?", ["fraud", "fraud review", "billing error"]),
 }
@@ -41,8 +46,9 @@ def test_invariances_on_the_default_model(default_prefill):
         alone = default_prefill.ask(TICKET, q)
         for other in (together[qid], reordered[f"id {i}"]):
             assert max(abs(x - y) for x, y in zip(flat(alone), flat(other))) <= TOL
-    swapped = default_prefill.ask(TICKET, Choice(QUESTIONS["team"].instructions,
-                                                 dict(reversed(list(QUESTIONS["team"].criteria.items())))))
+    swapped = default_prefill.ask(
+        TICKET, Choice(QUESTIONS["team"].instructions, dict(reversed(list(QUESTIONS["team"].criteria.items()))))
+    )
     for name, p in together["team"].probabilities.items():
         assert abs(swapped.probabilities[name] - p) <= TOL
 
@@ -50,7 +56,10 @@ def test_invariances_on_the_default_model(default_prefill):
 def test_options_sharing_a_first_token(default_prefill):
     a = default_prefill.ask(TICKET, QUESTIONS["kind"])
     tok = default_prefill.backend.renderer.tokenizer
-    assert tok("fraud", add_special_tokens=False).input_ids[0] == tok("fraud review", add_special_tokens=False).input_ids[0]
+    assert (
+        tok("fraud", add_special_tokens=False).input_ids[0]
+        == tok("fraud review", add_special_tokens=False).input_ids[0]
+    )
     assert abs(a.probabilities["fraud"] - a.probabilities["fraud review"]) > 1e-3
 
 
@@ -65,11 +74,13 @@ def test_sensible_answers(default_prefill):
 
 def shipped_calibration(pf):
     from prefill.api import find_calibration, setup
+
     return find_calibration("auto", pf.backend.fingerprint, setup(pf.backend.renderer, pf.engine.scoring))
 
 
 def test_the_shipped_calibration_is_found_and_applied(default_prefill):
     from prefill.engine import Engine
+
     cal = shipped_calibration(default_prefill)
     assert cal is not None and cal.fingerprint == default_prefill.backend.fingerprint
     calibrated = Engine(default_prefill.backend, calibration=cal).ask(TICKET, QUESTIONS)[0]
@@ -85,6 +96,7 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
     (one fitted on one mix of tasks would push every other task's answers one way), and fitted under the
     prompt and scoring the engine serves."""
     from prefill.calibration import T_MAX, T_MIN
+
     cal = shipped_calibration(default_prefill)
     assert set(cal.by_type) == {"noul", "choice", "score"}
     assert all(T_MIN * 1.5 < t < T_MAX / 1.5 for t in [*cal.by_type.values(), *cal.by_bucket.values()])
@@ -96,6 +108,7 @@ def served_default():
     """The default model as `make serve` serves it: default dtype (bf16 on a CPU with bf16 units, where the
     default model is Qwen2.5-Coder-1.5B; loading.default_name), prompt, scoring and calibration."""
     from prefill import Prefill
+
     return Prefill(dtype="auto")
 
 
@@ -109,6 +122,7 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
     tasks, said "No" to every review and ranked them backwards). Not every one is right at 0.5: the 0.5B
     model gets 13 (French) and 11 (Dutch) of the 18; README "Real text"."""
     from benchmarks.realtext import ask_obvious, obvious_reviews
+
     examples = obvious_reviews(task)
     assert sum(pos for _, pos in examples) == 3 and len(examples) == 6
     seen, right = ask_obvious(served_default, task)
@@ -119,8 +133,10 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
 
 # ---------------------------------------------------------------- a newcomer's first questions
 
-NEWCOMER = {**{k: QUESTIONS[k] for k in ("refund", "team", "anger")},
-            "language": Choice("Which language is the message written in?", ["English", "French", "German"])}
+NEWCOMER = {
+    **{k: QUESTIONS[k] for k in ("refund", "team", "anger")},
+    "language": Choice("Which language is the message written in?", ["English", "French", "German"]),
+}
 THANKS = "Thank you so much, the support team fixed my login issue in minutes. Great service!"
 BROKEN = "The package arrived broken and I want my money back."
 
@@ -142,6 +158,7 @@ def test_the_language_of_real_sentences(served_default):
     """Real sentences from eld's benchmark file (benchmarks/tasks.py `language_rows`), the first three of
     40-160 characters in English, French and German, by the file's order: each answered in its language."""
     from benchmarks.tasks import language_rows
+
     rows = language_rows()
     q = {"language": NEWCOMER["language"]}
     for code, name in (("en", "English"), ("fr", "French"), ("de", "German")):
@@ -150,6 +167,7 @@ def test_the_language_of_real_sentences(served_default):
 
 
 # ---------------------------------------------------------------- a live server
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -207,14 +225,21 @@ def test_official_sdk_parses_every_answer_type(server):
     from typesafe_sdk import Noul as SdkNoul
     from typesafe_sdk import Score as SdkScore
     from typesafe_sdk import TypeSafeClient
+
     url, key = server
-    long_state = TICKET + " " + "Order history: " + ", ".join(f"#{i}" for i in range(400))  # > 1 KiB: sent zstd-compressed
+    long_state = (
+        TICKET + " " + "Order history: " + ", ".join(f"#{i}" for i in range(400))
+    )  # > 1 KiB: sent zstd-compressed
     with TypeSafeClient(api_key=key or "unused", base_url=url, timeout=120) as client:
-        r = client.system_one(state=long_state, model="jev-latest", questions={
-            "refund": SdkNoul(instructions="Is the customer asking for money back?"),
-            "team": SdkChoice(instructions="Which team?", criteria={"Billing": None, "Technical": None}),
-            "anger": SdkScore(instructions="How frustrated?", criteria=["Calm", "Frustrated", "Very angry"]),
-        })
+        r = client.system_one(
+            state=long_state,
+            model="jev-latest",
+            questions={
+                "refund": SdkNoul(instructions="Is the customer asking for money back?"),
+                "team": SdkChoice(instructions="Which team?", criteria={"Billing": None, "Technical": None}),
+                "anger": SdkScore(instructions="How frustrated?", criteria=["Calm", "Frustrated", "Very angry"]),
+            },
+        )
     assert 0 <= r.nouls["refund"].noul <= 1
     assert r.choices["team"].choice in ("Billing", "Technical")
     assert 0 <= r.scores["anger"].score <= 2
@@ -222,10 +247,24 @@ def test_official_sdk_parses_every_answer_type(server):
 
 def test_cli_ask(tmp_path: Path):
     questions = tmp_path / "q.json"
-    questions.write_text(json.dumps({"team": {"type": "choice", "instructions": "Which team?",
-                                              "criteria": {"Billing": None, "Technical": None}}}))
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "ask", "--state", TICKET, "--questions", f"@{questions}"],
-                         capture_output=True, text=True, timeout=300, env={**os.environ})
+    questions.write_text(
+        json.dumps(
+            {
+                "team": {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "criteria": {"Billing": None, "Technical": None},
+                }
+            }
+        )
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "ask", "--state", TICKET, "--questions", f"@{questions}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["team"]["type"] == "choice" and set(out["team"]["probabilities"]) == {"Billing", "Technical"}

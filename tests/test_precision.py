@@ -1,6 +1,7 @@
 """The bf16 fast path (prefill/backends/cpu.py): `--dtype auto` picks bf16 only where the CPU has bf16 matrix
 units; packed linears give what plain ones give; the answer tokens' logits and the normaliser's largest terms
 are recomputed in fp32; and answers keep their isolation guarantees to the documented bf16 tolerance."""
+
 from __future__ import annotations
 
 import copy
@@ -40,8 +41,12 @@ def flat(a) -> list[float]:
 
 def test_auto_picks_bf16_only_with_bf16_units(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for flags, want in ((set(), "float32"), ({"avx2", "avx512f"}, "float32"), ({"amx_bf16"}, "bfloat16"),
-                        ({"avx512_bf16"}, "bfloat16")):
+    for flags, want in (
+        (set(), "float32"),
+        ({"avx2", "avx512f"}, "float32"),
+        ({"amx_bf16"}, "bfloat16"),
+        ({"avx512_bf16"}, "bfloat16"),
+    ):
         monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: frozenset(flags))
         assert cpu.resolve_dtype("auto") == want
     assert cpu.resolve_dtype("float32") == "float32"  # an explicit dtype is kept
@@ -83,7 +88,7 @@ def test_packed_linear_equals_plain():
         assert cpu.pack_linears(layer) == 1 and cpu.pack_linears(biased) == 1
         packed, packed_biased = layer(x), biased(x)
     assert torch.equal(plain, packed)
-    assert torch.allclose(plain_biased.float(), packed_biased.float(), rtol=2 ** -7, atol=2 ** -7)
+    assert torch.allclose(plain_biased.float(), packed_biased.float(), rtol=2**-7, atol=2**-7)
     x.requires_grad_(True)
     layer(x).sum().backward()  # with gradients on, the plain path runs (training is never packed)
     assert x.grad is not None
@@ -103,8 +108,9 @@ def test_bf16_isolation_within_tolerance(tiny_model, tokenizer):
             alone = engine.ask(STATE, {"x": q})[0]["x"]
             for other in (together[qid], renamed[f"id {i}"]):
                 assert max(abs(a - b) for a, b in zip(flat(alone), flat(other))) <= BF16_TOL
-        swapped = engine.ask(STATE, {"t": Choice(QUESTIONS["team"].instructions, ["Shipping", "Sales", "Technical",
-                                                                                     "Billing"])})[0]["t"]
+        swapped = engine.ask(
+            STATE, {"t": Choice(QUESTIONS["team"].instructions, ["Shipping", "Sales", "Technical", "Billing"])}
+        )[0]["t"]
         for name, p in together["team"].probabilities.items():
             assert abs(swapped.probabilities[name] - p) <= BF16_TOL
 
@@ -133,8 +139,11 @@ def test_exact_logits_are_used_in_bf16(tiny_model, tokenizer, monkeypatch):
     backend = make_backend(copy.deepcopy(tiny_model).to(torch.bfloat16), tokenizer)
     seen = []
     original = Tree.sum_logprobs
-    monkeypatch.setattr(Tree, "sum_logprobs", lambda self, logits, exact=None, **kw:
-                        seen.append(exact) or original(self, logits, exact, **kw))
+    monkeypatch.setattr(
+        Tree,
+        "sum_logprobs",
+        lambda self, logits, exact=None, **kw: seen.append(exact) or original(self, logits, exact, **kw),
+    )
     Engine(backend, scoring=RAW).ask(STATE, QUESTIONS)
     assert seen and all(e is not None for e in seen)
     seen.clear()
@@ -151,10 +160,20 @@ def test_the_encoder_route_takes_the_fast_path_too():
     from prefill.backends.encoder import EncoderBackend
     from prefill.loading import resolve
     from prefill.scoring import Scoring
+
     tok = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=128, max_position_embeddings=512, initializer_range=0.3))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            initializer_range=0.3,
+        )
+    )
     whole = dict.fromkeys(("noul", "choice", "score"), Scoring("whole"))
     fp32 = Engine(EncoderBackend(copy.deepcopy(bert).float(), tok, "tiny-bert", batch_size=4), scoring=whole)
     backend = EncoderBackend(bert.to(torch.bfloat16), tok, "tiny-bert", batch_size=4)

@@ -1,6 +1,7 @@
 """Property tests: whatever the option names (any Unicode, shared prefixes, special-token look-alikes) and
 their order, the answer is one of the declared options, keys round-trip byte-for-byte, the distribution
 is proper, and confidence follows TypeSafe's formulas."""
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,8 @@ from prefill.schema import Choice, Score
 from .conftest import make_backend, make_model
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "") | st.sampled_from(
-    ["fraud", "fraud review", "<|im_end|>", "<|im_start|>assistant", "Yes", " ", "🙂", "환불"])
+    ["fraud", "fraud review", "<|im_end|>", "<|im_start|>assistant", "Yes", " ", "🙂", "환불"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,4 +62,5 @@ def test_softmax_never_nan():
     assert softmax([float("-inf"), 0.0]) == [0.0, 1.0]
     assert softmax([-1e6, -1e6 - 1]) == pytest.approx([1 / (1 + math.exp(-1)), 1 - 1 / (1 + math.exp(-1))])
     assert softmax([0.0, math.log(3)], temperature=2.0) == pytest.approx(
-        [1 / (1 + math.sqrt(3)), math.sqrt(3) / (1 + math.sqrt(3))])
+        [1 / (1 + math.sqrt(3)), math.sqrt(3) / (1 + math.sqrt(3))]
+    )

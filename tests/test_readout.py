@@ -1,6 +1,7 @@
 """Trained readouts on tiny models: an untrained head answers like the plain engine, every invariance of
 the packed path holds on the trained path too, early exit runs fewer layers, files are tied to the model,
 and training moves the head towards its targets."""
+
 from __future__ import annotations
 
 import math
@@ -9,12 +10,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from prefill import training
 from prefill.engine import Engine
 from prefill.evaluate import Item
 from prefill.readout import Readout, ReadoutConfig, Readouts
 from prefill.schema import Choice, Noul, Score
 from prefill.serving.app import create_app
-from prefill import training
 
 from .conftest import RAW, make_backend
 from .test_exactness import QUESTIONS, STATE, TOL, max_delta
@@ -88,7 +89,7 @@ def test_resuming_after_early_exit_is_exact(tiny_model, tokenizer):
     state, branches = r.state(STATE), [r.question(q) for q in QUESTIONS.values()]
     full = backend.features(state, branches, [2])
     pairs = backend.features_early_exit(state, branches, 1, 2, lambda i, f: i % 2 == 0)
-    for i, (shallow, deep) in enumerate(pairs):
+    for i, (_shallow, deep) in enumerate(pairs):
         assert (deep is None) == (i % 2 == 0)
         if deep is not None:
             assert torch.allclose(deep.options, full[i].options, atol=1e-4)
@@ -140,17 +141,24 @@ def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
     for i in range(24):
         angry = i % 2 == 0
         state = ("I am furious, this is unacceptable! " if angry else "Thanks, all good. ") + f"Order {i}."
-        items.append(Item(state, {"a": Noul("Is the customer angry?"),
-                                  "s": Score("How angry?", ["calm", "annoyed", "furious"])},
-                          {"a": angry, "s": 2 if angry else 0}))
+        items.append(
+            Item(
+                state,
+                {"a": Noul("Is the customer angry?"), "s": Score("How angry?", ["calm", "annoyed", "furious"])},
+                {"a": angry, "s": 2 if angry else 0},
+            )
+        )
     examples = training.extract(backend, items, [1, 2])
     train_ids, val_ids = set(range(16)), set(range(16, 24))
     train = [e for e in examples if e.item in train_ids]
     val = [e for e in examples if e.item in val_ids]
-    before = [max(range(len(p)), key=p.__getitem__) == e.gold
-              for p, e in zip(training.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)]
-    final, early, report = training.fit_readouts(train, [1, 2], kind="linear", model="tiny", fingerprint="",
-                                                 rl_weight=rl_weight, label_weight=1.0)
+    before = [
+        max(range(len(p)), key=p.__getitem__) == e.gold
+        for p, e in zip(training.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)
+    ]
+    final, early, report = training.fit_readouts(
+        train, [1, 2], kind="linear", model="tiny", fingerprint="", rl_weight=rl_weight, label_weight=1.0
+    )
     after = [max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(training.predict(final, val, 1), val)]
     assert sum(after) == len(val) and sum(after) > sum(before)
     assert early is not None and early.cfg.exit_threshold is not None and "exit_fraction" in report["early"]
@@ -167,11 +175,18 @@ def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, token
     predictions for every item choose the weight decay and fit the temperatures (seen broken: NaN
     validation loss, temperatures left at 1, every epoch run)."""
     backend = make_backend(tiny_model, tokenizer)
-    items = [Item(("I am furious, this is unacceptable! " if i % 2 else "Thanks, all good. ") + f"Order {i}.",
-                  {"a": Noul("Is the customer angry?")}, {"a": i % 2 == 1}) for i in range(30)]
+    items = [
+        Item(
+            ("I am furious, this is unacceptable! " if i % 2 else "Thanks, all good. ") + f"Order {i}.",
+            {"a": Noul("Is the customer angry?")},
+            {"a": i % 2 == 1},
+        )
+        for i in range(30)
+    ]
     examples = training.extract(backend, items, [2])
-    final, early, report = training.fit_readouts(examples, [2], kind="linear", model="tiny", fingerprint="",
-                                                 rl_weight=0.0, label_weight=1.0)
+    final, early, report = training.fit_readouts(
+        examples, [2], kind="linear", model="tiny", fingerprint="", rl_weight=0.0, label_weight=1.0
+    )
     chosen = report["final"]
     assert early is None and chosen["held_out"] == "5-fold over items"
     assert math.isfinite(chosen["held_out_log_loss"]) and chosen["temperatures"]["noul"] != 1.0

@@ -1,5 +1,6 @@
 """Rendering: deterministic structured text, canonical option order, and caller text that can never
 become a special token."""
+
 from __future__ import annotations
 
 from prefill.render import Renderer, render_question, render_text
@@ -7,13 +8,28 @@ from prefill.schema import Choice, Noul, Score
 
 
 def test_structured_text_is_readable_and_deterministic():
-    value = {"subject": "Charged twice", "customer": {"plan": "pro", "tickets": 3, "vip": True},
-             "notes": ["first", {"by": "agent", "text": "called"}], "empty": [], "none": None}
+    value = {
+        "subject": "Charged twice",
+        "customer": {"plan": "pro", "tickets": 3, "vip": True},
+        "notes": ["first", {"by": "agent", "text": "called"}],
+        "empty": [],
+        "none": None,
+    }
     text = render_text(value)
     assert text == render_text(value)
     assert text.splitlines() == [
-        "subject: Charged twice", "customer:", "  plan: pro", "  tickets: 3", "  vip: true",
-        "notes:", "  - first", "  - by: agent", "    text: called", "empty: []", "none: null"]
+        "subject: Charged twice",
+        "customer:",
+        "  plan: pro",
+        "  tickets: 3",
+        "  vip: true",
+        "notes:",
+        "  - first",
+        "  - by: agent",
+        "    text: called",
+        "empty: []",
+        "none: null",
+    ]
 
 
 def test_option_listing_is_canonical_and_answers_keep_request_order():
@@ -64,5 +80,6 @@ def test_a_prompt_choice_keeps_every_invariance(tiny_model, tokenizer):
 
     from .conftest import make_backend
     from .test_readout import assert_invariances
+
     engine = Engine(make_backend(tiny_model, tokenizer, system=False, noul_words="truefalse", score_words="names"))
     assert_invariances(engine, Engine(make_backend(tiny_model, tokenizer)))

@@ -1,6 +1,7 @@
 """Training-free readouts and corrections (prefill/scoring.py) on tiny random models: each readout is what a
 plain forward gives, the contextual correction divides out exactly the content-free prior, and corrected
 answers keep every invariance of the packed path (packed vs alone, ids, question and option order)."""
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ def test_each_readout_is_what_a_plain_forward_gives(tiny_model, tokenizer, reado
         assert b.end >= 1
         for answer, score in zip(b.answers, per_answer):
             lp = plain_token_logprobs(tiny_model, state, b.prompt, answer)
-            want = {"whole": sum(lp), "noend": sum(lp[:-b.end]), "mean": sum(lp) / len(lp), "first": lp[0]}[readout]
+            want = {"whole": sum(lp), "noend": sum(lp[: -b.end]), "mean": sum(lp) / len(lp), "first": lp[0]}[readout]
             assert abs(score - want) < 1e-3
 
 
@@ -56,7 +57,9 @@ def test_the_correction_divides_out_the_content_free_prior(tiny_model, tokenizer
         assert max(abs(x - y) for x, y in zip(have, want)) <= TOL
 
 
-@pytest.mark.parametrize("way", ["whole+contextual", "first+contextual", "mean+pmi", "noend+contextual", "whole+pmi*0.5"])
+@pytest.mark.parametrize(
+    "way", ["whole+contextual", "first+contextual", "mean+pmi", "noend+contextual", "whole+pmi*0.5"]
+)
 def test_corrected_answers_keep_every_invariance(tiny_model, tokenizer, way):
     scoring = {t: Scoring.parse(way) for t in RAW}
     engine = Engine(make_backend(tiny_model, tokenizer), scoring=scoring)
@@ -84,8 +87,9 @@ def test_the_prior_costs_passes_once_per_new_question(tiny_model, tokenizer):
 def test_a_question_that_leans_whatever_the_text_is_evened_out(tiny_model, tokenizer):
     """What the correction is for: the answer lean a question has on content-free input is divided out. With
     PMI's single content-free state (the empty text), that state's own answers come out exactly uniform."""
-    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring("whole", "pmi") for t in RAW},
-                    use_facts=False)
+    engine = Engine(
+        make_backend(tiny_model, tokenizer), scoring={t: Scoring("whole", "pmi") for t in RAW}, use_facts=False
+    )
     raw = Engine(engine.backend, scoring=RAW, use_facts=False)
     q = {"q": Choice("Which team?", ["Billing", "Technical", "Sales"])}
     leaning = raw.probabilities("", q)[0]["q"]

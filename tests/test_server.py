@@ -1,4 +1,5 @@
 """The HTTP contract, on a tiny model: shapes, errors (4xx, never 5xx), auth, limits, encodings."""
+
 from __future__ import annotations
 
 import gzip
@@ -14,7 +15,11 @@ from prefill.serving.app import create_app
 from .conftest import make_backend, make_model
 
 NOUL = {"type": "noul", "instructions": "Is the customer asking for money back?"}
-CHOICE = {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "Invoices", "Technical": None, "환불 🙂": ["x"]}}
+CHOICE = {
+    "type": "choice",
+    "instructions": "Which team?",
+    "criteria": {"Billing": "Invoices", "Technical": None, "환불 🙂": ["x"]},
+}
 SCORE = {"type": "score", "instructions": "How angry?", "criteria": ["Calm", {"label": "Annoyed"}, ["Very", "angry"]]}
 
 
@@ -64,26 +69,29 @@ def test_models_and_health(client):
     assert client.get("/health").json() == {"status": "ok", "model": "tiny", "models": ["tiny"]}
 
 
-@pytest.mark.parametrize("bad", [
-    {"model": "jev-latest", "questions": {"r": NOUL}},                                   # no state
-    body({}),                                                                             # no questions
-    body({"r": {"instructions": "x"}}),                                                   # no type
-    body({"r": {"type": "boolean", "instructions": "x"}}),                                # unknown type
-    body({"r": {"type": "box"}}),                                                         # not served
-    body({"t": {"type": "choice", "criteria": {"only": None}}}),                         # 1 option
-    body({"t": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}),    # 256 options
-    body({"t": {"type": "choice", "criteria": {"": None, "b": None}}}),                  # empty option name
-    body({"a": {"type": "score", "criteria": ["one"]}}),                                 # 1 level
-    body({"a": {"type": "score", "criteria": [str(i) for i in range(11)]}}),              # 11 levels
-    body({"a": {"type": "score", "criteria": {"0": "calm", "1": "angry"}}}),              # map form
-    body({"a": {"type": "score", "criteria": ["calm", None]}}),                          # null level
-    body({"r": {"type": "noul", "criteria": {"maybe": "x"}}}),                           # unknown noul side
-    body({"r": {"type": "noul", "instructions": 5}}),                                   # a number is not text
-    body({"": NOUL}),                                                                     # empty id
-    {**body({"r": NOUL}), "state": None},
-    {**body({"r": NOUL}), "state": 12},
-    [1, 2, 3],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"model": "jev-latest", "questions": {"r": NOUL}},  # no state
+        body({}),  # no questions
+        body({"r": {"instructions": "x"}}),  # no type
+        body({"r": {"type": "boolean", "instructions": "x"}}),  # unknown type
+        body({"r": {"type": "box"}}),  # not served
+        body({"t": {"type": "choice", "criteria": {"only": None}}}),  # 1 option
+        body({"t": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}),  # 256 options
+        body({"t": {"type": "choice", "criteria": {"": None, "b": None}}}),  # empty option name
+        body({"a": {"type": "score", "criteria": ["one"]}}),  # 1 level
+        body({"a": {"type": "score", "criteria": [str(i) for i in range(11)]}}),  # 11 levels
+        body({"a": {"type": "score", "criteria": {"0": "calm", "1": "angry"}}}),  # map form
+        body({"a": {"type": "score", "criteria": ["calm", None]}}),  # null level
+        body({"r": {"type": "noul", "criteria": {"maybe": "x"}}}),  # unknown noul side
+        body({"r": {"type": "noul", "instructions": 5}}),  # a number is not text
+        body({"": NOUL}),  # empty id
+        {**body({"r": NOUL}), "state": None},
+        {**body({"r": NOUL}), "state": 12},
+        [1, 2, 3],
+    ],
+)
 def test_invalid_requests_get_422_detail_list(client, bad):
     r = client.post("/v1/systemone", json=bad)
     assert r.status_code == 422, r.text
@@ -92,14 +100,19 @@ def test_invalid_requests_get_422_detail_list(client, bad):
 
 
 def test_malformed_json_is_422(client):
-    r = client.post("/v1/systemone", content=b'{"model": "jev-latest", "state": ', headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/systemone", content=b'{"model": "jev-latest", "state": ', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422
 
 
 def test_deep_nesting_is_not_a_5xx(client):
     deep = "[" * 5000 + "]" * 5000
-    r = client.post("/v1/systemone", content=('{"model":"jev-latest","state":' + deep + ',"questions":{"r":{"type":"noul"}}}').encode(),
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/systemone",
+        content=('{"model":"jev-latest","state":' + deep + ',"questions":{"r":{"type":"noul"}}}').encode(),
+        headers={"content-type": "application/json"},
+    )
     assert 400 <= r.status_code < 500
 
 
@@ -125,8 +138,10 @@ def test_over_the_token_limit_is_413_naming_the_limit(tiny_model, tokenizer):
 def test_the_documented_limits_are_the_defaults(client):
     """64k tokens a request, 32k for the state plus its longest question: over either is a 413 naming it."""
     long_option = "a long description of this option " * 20
-    many = {f"q{i}": {"type": "choice", "instructions": f"Question {i}?", "criteria": {"A": long_option, "B": None}}
-            for i in range(400)}
+    many = {
+        f"q{i}": {"type": "choice", "instructions": f"Question {i}?", "criteria": {"A": long_option, "B": None}}
+        for i in range(400)
+    }
     r = client.post("/v1/systemone", json=body(many))
     assert r.status_code == 413 and "65536" in r.json()["detail"]["message"]
 
@@ -169,10 +184,13 @@ def test_auth_off_accepts_any_authorization_header(client):
 
 def test_compressed_bodies(client):
     from backports import zstd
+
     raw = json.dumps(body({"r": NOUL})).encode()
     plain = client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"}).json()
     for encoding, data in [("zstd", zstd.compress(raw)), ("gzip", gzip.compress(raw))]:
-        r = client.post("/v1/systemone", content=data, headers={"content-type": "application/json", "content-encoding": encoding})
+        r = client.post(
+            "/v1/systemone", content=data, headers={"content-type": "application/json", "content-encoding": encoding}
+        )
         assert r.status_code == 200, r.text
         assert r.json() == plain
     assert client.post("/v1/systemone", content=raw, headers={"content-encoding": "br"}).status_code == 415
@@ -183,6 +201,7 @@ def test_loading_then_ready(engine):
     def slow_loader():
         time.sleep(0.5)
         return engine
+
     with TestClient(create_app(slow_loader)) as c:
         early = c.post("/v1/systemone", json=body({"r": NOUL}))
         assert early.status_code == 503 and early.headers["retry-after"]
@@ -197,6 +216,7 @@ def test_loading_then_ready(engine):
 def test_failed_load_is_reported(engine):
     def broken():
         raise RuntimeError("no weights")
+
     with TestClient(create_app(broken)) as c:
         time.sleep(0.2)
         h = c.get("/health")
@@ -207,6 +227,7 @@ def test_failed_load_is_reported(engine):
 
 def test_concurrent_requests_are_all_answered(client):
     from concurrent.futures import ThreadPoolExecutor
+
     payloads = [body({f"q{i}": NOUL, "t": CHOICE}) for i in range(16)]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda p: client.post("/v1/systemone", json=p), payloads))

@@ -1,5 +1,6 @@
 """Readouts in production: several readouts and the base served by one process on one copy of the weights,
 and fallbacks that speak over HTTP (another System One server; an OpenAI-compatible chat server)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -94,8 +95,9 @@ def test_readouts_and_the_base_share_one_copy_of_the_weights(tiny_model, tokeniz
         assert got["model"] == name
         assert delta(probabilities(got["answers"]), probabilities(expected[name].ask(STATE, QUESTIONS)[0])) <= TOL
     assert wire(client, "jev-latest")["model"] == "router"
-    assert delta(probabilities(wire(client, "router")["answers"]),
-                     probabilities(wire(client, "tone")["answers"])) > 1e-3  # the heads really differ
+    assert (
+        delta(probabilities(wire(client, "router")["answers"]), probabilities(wire(client, "tone")["answers"])) > 1e-3
+    )  # the heads really differ
     r = client.post("/v1/systemone", json={"model": "nope", "state": STATE, "questions": WIRE})
     assert r.status_code == 404 and r.json()["detail"]["error_type"] == "not_found_error"
 
@@ -123,13 +125,28 @@ def test_serve_refuses_a_lora_among_readouts_at_start_up(tmp_path, tokenizer, he
     lora.save(tmp_path / "lora-head" / "final.json")
     (tmp_path / "lora-head" / "lora").mkdir()
     (tmp_path / "lora-head" / "lora" / "adapter_config.json").write_text("{}")
-    run = subprocess.run([sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--readout",
-                          f"a={tmp_path / 'lora-head'}", "--readout", f"b={heads / 'one'}"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "serve",
+            "--model",
+            str(model_dir),
+            "--readout",
+            f"a={tmp_path / 'lora-head'}",
+            "--readout",
+            f"b={heads / 'one'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "LoRA" in run.stderr and "Traceback" not in run.stderr
 
 
 # ---------------------------------------------------------------- fallbacks over HTTP
+
 
 @contextlib.contextmanager
 def serving(app):
@@ -185,8 +202,12 @@ def silent_server():
 
 
 def test_unsure_questions_go_to_a_second_prefill_server(tiny_model, tokenizer):
-    strong = Engine(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False,
-                    readouts=Readouts(head("linear", seed=1)), served_as="strong")
+    strong = Engine(
+        make_backend(copy.deepcopy(tiny_model), tokenizer),
+        use_facts=False,
+        readouts=Readouts(head("linear", seed=1)),
+        served_as="strong",
+    )
     local = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
     mine, _ = local.ask(STATE, QUESTIONS)
     confidence = {k: choice_confidence(p) for k, p in probabilities(mine).items()}
@@ -194,8 +215,12 @@ def test_unsure_questions_go_to_a_second_prefill_server(tiny_model, tokenizer):
     unsure = sorted(k for k, c in confidence.items() if c < threshold)
     assert 0 < len(unsure) < len(QUESTIONS)
     with serving(create_app(strong)) as url:
-        asking = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=threshold,
-                        fallback=SystemOneFallback(url, model="strong"))
+        asking = Engine(
+            make_backend(tiny_model, tokenizer),
+            use_facts=False,
+            fallback_below=threshold,
+            fallback=SystemOneFallback(url, model="strong"),
+        )
         client = TestClient(create_app(asking))
         got = wire(client, "tiny")
     assert sorted(got["x_escalated"]) == unsure and "x_low_confidence" not in got
@@ -217,8 +242,12 @@ def test_a_failing_fallback_keeps_the_local_answers(tiny_model, tokenizer, where
             url, model = stack.enter_context(silent_server()), None
         else:  # a server that answers 404
             url, model = stack.enter_context(serving(create_app(local))), "no-such-model"
-        asking = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01,
-                        fallback=SystemOneFallback(url, model=model, timeout=0.5))
+        asking = Engine(
+            make_backend(tiny_model, tokenizer),
+            use_facts=False,
+            fallback_below=1.01,
+            fallback=SystemOneFallback(url, model=model, timeout=0.5),
+        )
         started = time.monotonic()
         got = wire(TestClient(create_app(asking)), "tiny")
         assert time.monotonic() - started < 10
@@ -234,9 +263,16 @@ def test_chat_replies_are_read_as_declared_answers():
     assert parse_answer("Technical support", answers) == 1
     assert parse_answer("I think it is Billing", answers) is None
     assert parse_answer("Yes", ["Yes", "No"]) == 0 and parse_answer("no", ["Yes", "No"]) == 1
-    logprobs = {"content": [{"token": '{"', "logprob": 0.0}, {"token": "answer", "logprob": 0.0},
-                            {"token": '": "', "logprob": 0.0}, {"token": "Bill", "logprob": -0.1},
-                            {"token": "ing", "logprob": -0.2}, {"token": '"}', "logprob": 0.0}]}
+    logprobs = {
+        "content": [
+            {"token": '{"', "logprob": 0.0},
+            {"token": "answer", "logprob": 0.0},
+            {"token": '": "', "logprob": 0.0},
+            {"token": "Bill", "logprob": -0.1},
+            {"token": "ing", "logprob": -0.2},
+            {"token": '"}', "logprob": 0.0},
+        ]
+    }
     text = '{"answer": "Billing"}'
     assert abs(answer_probability(logprobs, text, "Billing") - torch.exp(torch.tensor(-0.3)).item()) < 1e-6
     assert answer_probability(None, text, "Billing") is None
@@ -247,11 +283,16 @@ def chat_server():
     """transformers' own OpenAI-compatible server (`transformers serve`, installed with prefill's pins)
     on SmolLM2-135M-Instruct, converted from the wheel's GGUF as prefill loads it."""
     from prefill import loading
+
     model_dir = str(loading._converted_gguf(loading.embedded_gguf(loading.SMOLLM2)))
     port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "transformers")
-    with started([exe, "serve", "--port", str(port), "--device", "cpu", model_dir], port, "/v1/models",
-                 {**os.environ, "HF_HUB_OFFLINE": "1"}) as url:
+    with started(
+        [exe, "serve", "--port", str(port), "--device", "cpu", model_dir],
+        port,
+        "/v1/models",
+        {**os.environ, "HF_HUB_OFFLINE": "1"},
+    ) as url:
         yield url, model_dir
 
 
@@ -274,6 +315,7 @@ def test_an_openai_compatible_server_answers_the_unsure_questions(tiny_model, to
 def test_prefill_serve_serves_named_readouts_beside_the_base(tmp_path, tokenizer):
     """The CLI path: `prefill serve --readout NAME=DIR ...` on a local model directory."""
     from prefill import loading
+
     model_dir = tmp_path / "model"
     make_model("llama", len(tokenizer)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -283,8 +325,22 @@ def test_prefill_serve_serves_named_readouts_beside_the_base(tmp_path, tokenizer
         h.cfg.fingerprint = fingerprint
         h.save(tmp_path / name / "final.json")
     port = free_port()
-    cmd = [sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--port", str(port), "--readout",
-           f"router={tmp_path / 'one'}", "--readout", f"tone={tmp_path / 'two'}", "--default-model", "tone"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefill.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--readout",
+        f"router={tmp_path / 'one'}",
+        "--readout",
+        f"tone={tmp_path / 'two'}",
+        "--default-model",
+        "tone",
+    ]
     with started(cmd, port, "/health") as url:
         names = [m["name"] for m in httpx.get(url + "/v1/models").json()["models"]]
         base = names[0]

@@ -6,6 +6,7 @@ vLLM 0.32 needs older transformers and fastapi than the main venv, so its server
 that `make vllm-setup` builds (.venv-vllm); `make test` builds it and sets PREFILL_REQUIRE_VLLM, so in CI a
 missing vLLM venv fails instead of skipping.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,33 +26,68 @@ pytestmark = pytest.mark.default_model
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("PREFILL_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 TOL = 1e-4
-STATE = ("Hi, I was charged twice for order 5512 and the parcel arrived damaged. I want this fixed today or I "
-         "will dispute it with my bank.")
-POLICY = ("Read our refund policy first. Refunds are paid within 14 days to the original payment method. "
-          "Damaged goods are replaced or refunded at the customer's choice. Double charges are reversed at "
-          "once. Disputes opened with a bank freeze the account until they are settled. Now the question: ")
+STATE = (
+    "Hi, I was charged twice for order 5512 and the parcel arrived damaged. I want this fixed today or I "
+    "will dispute it with my bank."
+)
+POLICY = (
+    "Read our refund policy first. Refunds are paid within 14 days to the original payment method. "
+    "Damaged goods are replaced or refunded at the customer's choice. Double charges are reversed at "
+    "once. Disputes opened with a bank freeze the account until they are settled. Now the question: "
+)
 
 
 def big_request() -> dict:
     """21 yes/no, a 12-option choice whose options collide on their first tokens, a 5-level score and a
     255-option choice (every option starts with the same token)."""
-    q: dict = {f"n{i}": {"type": "noul", "instructions": f"Does the message mention topic number {i}, or anything "
-                                                          "close to it?"} for i in range(21)}
-    q["queue"] = {"type": "choice", "instructions": "Which queue should take this message?",
-                  "criteria": dict.fromkeys(["fraud", "fraud review", "fraudulent chargeback", "refund", "refund request",
-                                             "refund denied", "billing", "billing error", "bill dispute", "shipping",
-                                             "shipping delay", "ship damage"])}
-    q["anger"] = {"type": "score", "instructions": "How angry is the customer?",
-                  "criteria": ["Calm", "Mild", "Annoyed", "Angry", "Furious"]}
-    q["code"] = {"type": "choice", "instructions": "Which internal code fits this message best?",
-                 "criteria": {f"code {i}": None for i in range(1, 256)}}
+    q: dict = {
+        f"n{i}": {
+            "type": "noul",
+            "instructions": f"Does the message mention topic number {i}, or anything close to it?",
+        }
+        for i in range(21)
+    }
+    q["queue"] = {
+        "type": "choice",
+        "instructions": "Which queue should take this message?",
+        "criteria": dict.fromkeys(
+            [
+                "fraud",
+                "fraud review",
+                "fraudulent chargeback",
+                "refund",
+                "refund request",
+                "refund denied",
+                "billing",
+                "billing error",
+                "bill dispute",
+                "shipping",
+                "shipping delay",
+                "ship damage",
+            ]
+        ),
+    }
+    q["anger"] = {
+        "type": "score",
+        "instructions": "How angry is the customer?",
+        "criteria": ["Calm", "Mild", "Annoyed", "Angry", "Furious"],
+    }
+    q["code"] = {
+        "type": "choice",
+        "instructions": "Which internal code fits this message best?",
+        "criteria": {f"code {i}": None for i in range(1, 256)},
+    }
     return q
 
 
 def shared_prefix_request(n: int) -> dict:
     """Questions that share a long prefix (the policy), so their sequences share cached blocks."""
-    asks = ["Is a refund owed?", "Is the account at risk of a freeze?", "Was the customer charged twice?",
-            "Is a replacement an option?"]
+    asks = [
+        "Is a refund owed?",
+        "Is the account at risk of a freeze?",
+        "Was the customer charged twice?",
+        "Is a replacement an option?",
+    ]
     return {f"p{i}": {"type": "noul", "instructions": POLICY + asks[i]} for i in range(n)}
 
 
@@ -67,7 +103,9 @@ def need_vllm() -> None:
 def vllm_url():
     need_vllm()
     with server(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, pid):
-        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+        children = [
+            int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        ]
         yield url
     # Stopped with SIGTERM, the server takes vLLM's engine core (a child process) with it: an orphaned core
     # and its worker were seen spinning on two cores after the server had gone.
@@ -78,8 +116,9 @@ def vllm_url():
 
 
 def ask(url: str, state: str, questions: dict) -> dict:
-    r = httpx.post(url + "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions},
-                   timeout=900)
+    r = httpx.post(
+        url + "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions}, timeout=900
+    )
     assert r.status_code == 200, r.text
     return r.json()["answers"]
 
@@ -130,8 +169,12 @@ def test_cached_requests_read_fresh_rows(vllm_url, default_prefill):
 
 def test_jevcompat_conformance_on_vllm(vllm_url, tmp_path: Path):
     report = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, "-m", "jevcompat.cli", "test", vllm_url, "--json", str(report)],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "jevcompat.cli", "test", vllm_url, "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     results = json.loads(report.read_text())["results"]
     untested = ("auth.bearer", "auth.missing", "auth.invalid")  # no key set: test_default_model runs those
     assert not [r["id"] for r in results if r["status"] != "pass" and r["id"] not in untested], run.stdout[-4000:]
@@ -143,23 +186,37 @@ def test_the_trap_is_real_and_the_backend_avoids_it():
     scores are the same on a cold cache, a warm one and after an injected cache hit that reaches the row
     read (which it detects and re-runs under a fresh cache_salt)."""
     need_vllm()
-    run = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_checks.py")], capture_output=True, text=True,
-                         timeout=900, cwd=ROOT)
+    run = subprocess.run(
+        [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_checks.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(next(line for line in reversed(run.stdout.splitlines()) if line.startswith("{")))
-    assert out["trap_rows_wrong"] > 0                  # the naive way reads rows vLLM never computed
-    assert out["backend_max_gap"] < 1e-6               # cold = warm = after the injected hit
-    assert out["stale_reruns"] == 1                    # the injected hit was caught and re-run
-    assert out["warm_tokens"] < out["cold_tokens"]     # and the warm run did read the prefix cache
+    assert out["trap_rows_wrong"] > 0  # the naive way reads rows vLLM never computed
+    assert out["backend_max_gap"] < 1e-6  # cold = warm = after the injected hit
+    assert out["stale_reruns"] == 1  # the injected hit was caught and re-run
+    assert out["warm_tokens"] < out["cold_tokens"]  # and the warm run did read the prefix cache
 
 
 def test_a_killed_host_takes_vllm_with_it():
     """SIGKILL leaves no time to stop vLLM's engine core: the backend's watcher process stops it (and the core's
     workers follow) once the host is gone."""
     need_vllm()
-    host = subprocess.Popen([str(VLLM_PYTHON), "-c", "from prefill.api import Prefill; import time; "
-                             "Prefill('smollm2-135m-instruct', backend='vllm'); print('up', flush=True); time.sleep(900)"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    host = subprocess.Popen(
+        [
+            str(VLLM_PYTHON),
+            "-c",
+            "from prefill.api import Prefill; import time; "
+            "Prefill('smollm2-135m-instruct', backend='vllm'); print('up', flush=True); time.sleep(900)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert host.stdout.readline().strip() == "up"
         tree = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout.split()[2:]
@@ -176,12 +233,17 @@ def test_a_killed_host_takes_vllm_with_it():
     assert not alive, f"vLLM processes outlived their killed host: {alive}"
 
 
-@pytest.mark.parametrize("argv, reason", [
-    (["train", "x.jsonl", "--out", "o", "--backend", "vllm"], "needs the torch backend"),
-    (["serve", "--backend", "vllm", "--readout", "heads"], "hidden states"),
-    (["eval", "data.jsonl", "--generate", "--backend", "vllm"], "needs the torch backend")])
+@pytest.mark.parametrize(
+    "argv, reason",
+    [
+        (["train", "x.jsonl", "--out", "o", "--backend", "vllm"], "needs the torch backend"),
+        (["serve", "--backend", "vllm", "--readout", "heads"], "hidden states"),
+        (["eval", "data.jsonl", "--generate", "--backend", "vllm"], "needs the torch backend"),
+    ],
+)
 def test_what_vllm_cannot_do_is_refused_at_once(argv, reason, capsys):
     from prefill.cli import main
+
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2

@@ -8,6 +8,7 @@ and the backend shown to avoid it. Prints one JSON line.
    one output that reaches the row it reads (vLLM itself never reports one: its hits stop a token short);
    the backend must catch that one and re-run it under a fresh cache_salt, and all three must agree.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,27 @@ def main() -> None:
     ids = list(range(1000, 1100))  # any 100 tokens
     naive = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=False)
     cold, warm = (llm.generate([TokensPrompt(prompt_token_ids=ids)], naive, use_tqdm=False)[0] for _ in range(2))
-    wrong = sum(1 for k in range(1, len(ids))
-                if ids[k] not in warm.prompt_logprobs[k]
-                or abs(warm.prompt_logprobs[k][ids[k]].logprob - cold.prompt_logprobs[k][ids[k]].logprob) > 1e-4)
+    wrong = sum(
+        1
+        for k in range(1, len(ids))
+        if ids[k] not in warm.prompt_logprobs[k]
+        or abs(warm.prompt_logprobs[k][ids[k]].logprob - cold.prompt_logprobs[k][ids[k]].logprob) > 1e-4
+    )
 
     state = pf.backend.renderer.state("Hi, I was charged twice for order 5512 and the parcel arrived damaged.")
-    questions = [pf.backend.renderer.question(q) for q in wire_questions({
-        "refund": {"type": "noul", "instructions": "Does the customer want money back?"},
-        "queue": {"type": "choice", "instructions": "Which queue?",
-                  "criteria": dict.fromkeys(["fraud", "fraud review", "billing", "billing error"])}}).values()]
+    questions = [
+        pf.backend.renderer.question(q)
+        for q in wire_questions(
+            {
+                "refund": {"type": "noul", "instructions": "Does the customer want money back?"},
+                "queue": {
+                    "type": "choice",
+                    "instructions": "Which queue?",
+                    "criteria": dict.fromkeys(["fraud", "fraud review", "billing", "billing error"]),
+                },
+            }
+        ).values()
+    ]
     before = backend.tokens_run
     scores_cold = backend.score(state, questions)
     cold_tokens = backend.tokens_run - before
@@ -51,12 +64,24 @@ def main() -> None:
                 logprob.logprob = 0.0
             llm.generate = generate
         return outputs
+
     llm.generate = one_stale_hit
     scores_injected = backend.score(state, questions)
-    gap = max(abs(a - b) for s in (scores_warm, scores_injected) for qa, qb in zip(scores_cold, s)
-              for a, b in zip(qa, qb))
-    print(json.dumps({"trap_rows_wrong": wrong, "trap_rows": len(ids) - 1, "backend_max_gap": gap,
-                      "stale_reruns": backend.stale_reruns, "cold_tokens": cold_tokens, "warm_tokens": warm_tokens}))
+    gap = max(
+        abs(a - b) for s in (scores_warm, scores_injected) for qa, qb in zip(scores_cold, s) for a, b in zip(qa, qb)
+    )
+    print(
+        json.dumps(
+            {
+                "trap_rows_wrong": wrong,
+                "trap_rows": len(ids) - 1,
+                "backend_max_gap": gap,
+                "stale_reruns": backend.stale_reruns,
+                "cold_tokens": cold_tokens,
+                "warm_tokens": warm_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ question, one log-likelihood per declared answer. How the backend computes it (a
 pass, rows over a cached state, a trained head) is its own business; what it must guarantee is that a
 question's scores depend on the state and that question alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 from ..render import Branches, Renderer
 
 
@@ -32,12 +34,13 @@ class Backend:
     - `close()`: release what the backend started (vLLM's engine core); the default does nothing.
     `route` is "decoder" or "encoder" (the encoder route has no answer log-likelihoods of its own: untrained,
     its answers are near chance, which the commands say)."""
-    name: str                 # the served model name
+
+    name: str  # the served model name
     description: str
-    release_date: str         # YYYY-MM-DD, for GET /v1/models
-    fingerprint: str          # identifies the weights: calibrations and readouts are tied to it
+    release_date: str  # YYYY-MM-DD, for GET /v1/models
+    fingerprint: str  # identifies the weights: calibrations and readouts are tied to it
     renderer: Renderer
-    max_context: int          # longest state + question + answer the model can position
+    max_context: int  # longest state + question + answer the model can position
     route = "decoder"
     batches = False
     reads_features = False

@@ -17,6 +17,7 @@ Models whose layers ignore attention masks (recurrent or linear-attention hybrid
 models whose context outruns the window, are run as rows instead: each (question, answer) is a row
 continuing from a copy of the cached state, which needs no mask beyond the causal one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +46,7 @@ RECURRENT_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_g
 class TreeInputs:
     """One chunk's inputs to decoder layer `layer` + 1: the state's hidden states after layer `layer`
     (n_state, hidden), the chunk's token tree and its hidden states (n_tokens, hidden)."""
+
     layer: int
     state: torch.Tensor
     tree: Tree
@@ -63,13 +65,27 @@ class CausalLMBackend(Backend):
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
     out first), so further requests about the same state skip re-reading it; the results are identical.
     """
+
     batches = reads_features = exits_early = merges_adapters = generates = True
 
-    def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
-                 chat: bool | None = None, system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
-                 score_words: str = DEFAULT_SCORE_WORDS, packing: str = "auto",
-                 chunk_tokens: int = 2048, state_cache_tokens: int = 16384, state_pack_tokens: int = 2048,
-                 fingerprint: str = ""):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str,
+        *,
+        description: str = "",
+        release_date: str = "",
+        chat: bool | None = None,
+        system: bool = DEFAULT_SYSTEM,
+        noul_words: str = DEFAULT_NOUL_WORDS,
+        score_words: str = DEFAULT_SCORE_WORDS,
+        packing: str = "auto",
+        chunk_tokens: int = 2048,
+        state_cache_tokens: int = 16384,
+        state_pack_tokens: int = 2048,
+        fingerprint: str = "",
+    ):
         self.model = model.eval()
         self.name = name
         self.fingerprint = fingerprint
@@ -86,17 +102,17 @@ class CausalLMBackend(Backend):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.forward_calls = 0  # forward passes run: the state, then one per chunk
-        self.tokens_run = 0     # tokens those passes ran (shared prompt prefixes and cached states count once)
+        self.tokens_run = 0  # tokens those passes ran (shared prompt prefixes and cached states count once)
         self.adapter: Path | None = None  # a LoRA merged into the weights (merge_adapter)
         self.states = StateCache(state_cache_tokens)
         self.state_pack_tokens = state_pack_tokens  # score_many: states run side by side, up to this many tokens
-        self.rows_read = 0      # positions whose next-token distribution was read (the LM head's rows)
+        self.rows_read = 0  # positions whose next-token distribution was read (the LM head's rows)
         self.seconds = {"state pass": 0.0, "tree pass": 0.0, "answer log-probabilities": 0.0}  # where time goes
         self._all_layers = list(model.get_decoder().layers)
         self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
 
     @property
-    def state_hits(self) -> int:    # states found in the cache
+    def state_hits(self) -> int:  # states found in the cache
         return self.states.hits
 
     @property
@@ -116,7 +132,8 @@ class CausalLMBackend(Backend):
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         cache = self._run_state(state)
         rows = self.packing == "rows" or (
-            self.sliding_window is not None and len(state) + max(_longest(q) for q in questions) > self.sliding_window)
+            self.sliding_window is not None and len(state) + max(_longest(q) for q in questions) > self.sliding_window
+        )
         scores: list[list[float]] = []
         for chunk in chunks(questions, self.chunk_tokens):
             if rows:
@@ -147,17 +164,20 @@ class CausalLMBackend(Backend):
                 else:
                     small.append((j, i, q))
         for chunk in chunks(small, self.chunk_tokens, size=lambda item: item[2].n_tokens):
-            groups: dict[int, int] = {}   # a state (by its cache) -> its group in this chunk
+            groups: dict[int, int] = {}  # a state (by its cache) -> its group in this chunk
             for j, _, _ in chunk:
                 groups.setdefault(id(caches[j]), len(groups))
             firsts = {id(caches[j]): j for j, _, _ in reversed(chunk)}
-            members = [firsts[key] for key in groups]                # one request per group, for its state
+            members = [firsts[key] for key in groups]  # one request per group, for its state
             spans, start = [], 0
             for j in members:
                 spans.append((start, start + len(jobs[j][0])))
                 start += len(jobs[j][0])
-            tree = Tree.build([q for _, _, q in chunk], [len(jobs[j][0]) for j, _, _ in chunk],
-                               [groups[id(caches[j])] for j, _, _ in chunk])
+            tree = Tree.build(
+                [q for _, _, q in chunk],
+                [len(jobs[j][0]) for j, _, _ in chunk],
+                [groups[id(caches[j])] for j, _, _ in chunk],
+            )
             cache = caches[members[0]] if len(members) == 1 else concat([caches[j] for j in members])
             scores, _ = self._tree_pass(cache, start, tree, spans=spans if len(members) > 1 else None)
             for (j, i, _), s in zip(chunk, scores):
@@ -177,8 +197,14 @@ class CausalLMBackend(Backend):
         return out
 
     @torch.inference_mode()
-    def features_early_exit(self, state: Sequence[int], questions: Sequence[Branches], early: int, final: int,
-                            exits: Callable[[int, Features], bool]) -> list[tuple[Features, Features | None]]:
+    def features_early_exit(
+        self,
+        state: Sequence[int],
+        questions: Sequence[Branches],
+        early: int,
+        final: int,
+        exits: Callable[[int, Features], bool],
+    ) -> list[tuple[Features, Features | None]]:
         """Early exit: the questions run through decoder layers 1..`early` only; `exits(i, features)` says
         whether question i stops there; the others resume from their layer-`early` hidden states through
         the remaining layers (no layer runs twice), and get their layer-`final` features too. Exact: a
@@ -211,8 +237,9 @@ class CausalLMBackend(Backend):
         n_state = len(state)
         with self._outputs([layer]) as captured, self._layers(0, layer):
             cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=torch.tensor([list(state)], device=self.device), cache=cache, use_cache=True,
-                       logits_to_keep=1)
+            self.model(
+                input_ids=torch.tensor([list(state)], device=self.device), cache=cache, use_cache=True, logits_to_keep=1
+            )
         state_hidden = captured[layer].float().cpu().clone()
         out = []
         for chunk in self._readoutchunks(state, questions):
@@ -236,10 +263,13 @@ class CausalLMBackend(Backend):
         mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         positions = list(range(n_state)) + tree.positions
         with self._outputs([self.depth]) as captured, self._layers(inputs.layer, None):
-            out = self.model(inputs_embeds=torch.cat([inputs.state, inputs.hidden])[None].to(self.device, self.dtype),
-                             position_ids=torch.tensor([positions], device=self.device),
-                             attention_mask=mask.to(self.device), use_cache=False,
-                             logits_to_keep=torch.tensor(tree.read_from, device=self.device) + n_state)
+            out = self.model(
+                inputs_embeds=torch.cat([inputs.state, inputs.hidden])[None].to(self.device, self.dtype),
+                position_ids=torch.tensor([positions], device=self.device),
+                attention_mask=mask.to(self.device),
+                use_cache=False,
+                logits_to_keep=torch.tensor(tree.read_from, device=self.device) + n_state,
+            )
         hidden = captured[self.depth][n_state:].float()
         ends = torch.tensor([e + [e[0]] * (max(tree.n_answers) - len(e)) for e in tree.option_end])
         return tree.answer_logliks(out.logits[0]), hidden[tree.decision], hidden[ends]
@@ -253,6 +283,7 @@ class CausalLMBackend(Backend):
                 raise ValueError(f"this model already has the adapter {self.adapter} merged into its weights")
             return
         from peft import PeftModel
+
         self.model = PeftModel.from_pretrained(self.model, str(path)).merge_and_unload().eval()
         self.adapter = Path(path)
         self._all_layers = list(self.model.get_decoder().layers)
@@ -261,21 +292,27 @@ class CausalLMBackend(Backend):
 
     def _readoutchunks(self, state: Sequence[int], questions: Sequence[Branches]) -> Iterator[list[Branches]]:
         if self.packing == "rows" or self.sliding_window is not None:
-            raise ReadoutUnsupported("trained readouts need packed mode (a model that takes attention masks, "
-                                     "without a sliding window)")
+            raise ReadoutUnsupported(
+                "trained readouts need packed mode (a model that takes attention masks, without a sliding window)"
+            )
         for chunk in chunks(questions, self.chunk_tokens):
             if len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
-                raise ReadoutUnsupported(f"a question of {chunk[0].n_tokens} tokens is over the {self.chunk_tokens}-token "
-                                         "chunk a trained readout reads in one pass; shorten its options")
+                raise ReadoutUnsupported(
+                    f"a question of {chunk[0].n_tokens} tokens is over the {self.chunk_tokens}-token "
+                    "chunk a trained readout reads in one pass; shorten its options"
+                )
             yield chunk
 
     @contextlib.contextmanager
     def _outputs(self, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
         """While the block runs, the outputs of the given decoder layers (1-based), by layer, batch row 0."""
         captured: dict[int, torch.Tensor] = {}
-        hooks = [self._all_layers[i - 1].register_forward_hook(
-            lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0]))
-            for i in layers]
+        hooks = [
+            self._all_layers[i - 1].register_forward_hook(
+                lambda _m, _a, o, i=i: captured.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0])
+            )
+            for i in layers
+        ]
         try:
             yield captured
         finally:
@@ -324,8 +361,13 @@ class CausalLMBackend(Backend):
             decoder(input_ids=ids, cache=cache, use_cache=True)
         else:
             mask, positions = block_diagonal_mask([len(s) for s in states], self.dtype)
-            decoder(input_ids=ids, position_ids=torch.tensor([positions], device=self.device),
-                    attention_mask=mask.to(self.device), cache=cache, use_cache=True)
+            decoder(
+                input_ids=ids,
+                position_ids=torch.tensor([positions], device=self.device),
+                attention_mask=mask.to(self.device),
+                cache=cache,
+                use_cache=True,
+            )
         self.seconds["state pass"] += time.perf_counter() - started
         return [cache] if len(states) == 1 else cut(cache, [len(s) for s in states])
 
@@ -333,31 +375,45 @@ class CausalLMBackend(Backend):
     def _score_packed(self, cache: DynamicCache, n_state: int, chunk: Sequence[Branches]) -> list[list[float]]:
         return self._tree_pass(cache, n_state, Tree.build(chunk, n_state))[0]
 
-    def _tree_pass(self, cache: DynamicCache, n_state: int, tree: Tree, layers: Sequence[int] = (),
-                   inputs_embeds: torch.Tensor | None = None, spans: Sequence[tuple[int, int]] | None = None,
-                   ) -> tuple[list[list[float]], torch.Tensor | None]:
+    def _tree_pass(
+        self,
+        cache: DynamicCache,
+        n_state: int,
+        tree: Tree,
+        layers: Sequence[int] = (),
+        inputs_embeds: torch.Tensor | None = None,
+        spans: Sequence[tuple[int, int]] | None = None,
+    ) -> tuple[list[list[float]], torch.Tensor | None]:
         """One pass of the tree over the cached state: each question's answer log-likelihoods, and with
         `layers` the hidden states after those decoder layers (1-based), (n_tokens, n_layers, hidden).
         `inputs_embeds` starts the pass from given hidden states instead of the tokens' embeddings.
         `spans`: the cache holds several states side by side (score_many); a token of group g sees only
         the cache columns spans[g]."""
         n = len(tree.ids)
-        allowed = torch.ones(n, n_state + n, dtype=torch.bool)       # the state is visible to all
+        allowed = torch.ones(n, n_state + n, dtype=torch.bool)  # the state is visible to all
         if spans is not None:
             allowed[:, :n_state] = False
             group = torch.tensor(tree.group)
             for g, (start, stop) in enumerate(spans):
                 allowed[group == g, start:stop] = True
-        allowed[:, n_state:] = tree.visibility()                     # ancestors and self
+        allowed[:, n_state:] = tree.visibility()  # ancestors and self
         mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
-        inputs = ({"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)} if inputs_embeds is not None
-                  else {"input_ids": torch.tensor([tree.ids], device=self.device)})
+        inputs = (
+            {"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)}
+            if inputs_embeds is not None
+            else {"input_ids": torch.tensor([tree.ids], device=self.device)}
+        )
         started = time.perf_counter()
         with self._outputs(layers) as captured, head_input(self.model, self.dtype) as head:
-            out = self.model(**inputs, position_ids=torch.tensor([tree.positions], device=self.device),
-                             attention_mask=mask.to(self.device), cache=branch_cache, use_cache=True,
-                             logits_to_keep=torch.tensor(tree.read_from, device=self.device))
+            out = self.model(
+                **inputs,
+                position_ids=torch.tensor([tree.positions], device=self.device),
+                attention_mask=mask.to(self.device),
+                cache=branch_cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor(tree.read_from, device=self.device),
+            )
         self.forward_calls += 1
         self.tokens_run += n
         self.rows_read += len(tree.read_from)
@@ -372,9 +428,13 @@ class CausalLMBackend(Backend):
     #    then its answers run in chunks over that, so memory stays bounded by the chunk budget
     def _score_large(self, cache: DynamicCache, n_state: int, q: Branches) -> list[float]:
         extended = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
-        out = self.model(input_ids=torch.tensor([list(q.prompt)], device=self.device),
-                         position_ids=torch.arange(n_state, n_state + len(q.prompt), device=self.device)[None],
-                         cache=extended, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=torch.tensor([list(q.prompt)], device=self.device),
+            position_ids=torch.arange(n_state, n_state + len(q.prompt), device=self.device)[None],
+            cache=extended,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self.forward_calls += 1
         self.tokens_run += len(q.prompt)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
@@ -385,6 +445,7 @@ class CausalLMBackend(Backend):
             tails += [tail for (tail,) in self._score_packed(extended, n_state + len(q.prompt), chunk)]
         rest = dict(zip(longer, tails))
         return [float(first[a[0]]) + rest.get(a, 0.0) for a in q.answers]
+
 
 def _longest(q: Branches) -> int:
     return len(q.prompt) + max(len(a) for a in q.answers)

@@ -1,27 +1,25 @@
 """The CPU fast path: which precision the machine's matrix units want, and linear layers whose weights
 oneDNN has laid out once for them.
 
-A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32: on this
-project's 2-core machine `nn.Linear(896, 4864)` on 512 rows runs at 327-366 GFLOP/s in fp32 and 2,391-2,514
-in bf16, 7x (`prefill bench --sections fast`, README "The CPU's matrix units"). So `--dtype auto`, the default, is bf16 where the CPU reports either flag and fp32 elsewhere (a CPU
-without them emulates bf16 and gets slower, never faster).
+A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32 (7x on this
+project's machines: README "The CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
+default, is bf16 where the CPU reports either flag and fp32 elsewhere (a CPU without them emulates bf16 and
+gets slower, never faster).
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
-CPU freezing does) and calling `_linear_pointwise` gives bit-identical outputs, faster: 24 layers of
-Qwen2.5-0.5B's 896x4864 projection on 3 / 388 / 771 rows, 13.7 / 48.8 / 97.3 ms plain vs 8.4 / 31.3 / 73.7 ms
-packed (bf16, 2 threads; `python -m benchmarks.fastpath --micro`). The packing's row hint 64 beat 1, 512 and
-2048 at every size (ad hoc). The
-packed copy doubles the memory of the linear weights (a bf16 model with packed linears takes what the fp32
-model took). Only inference is packed: with gradients on (LoRA training) the layer runs as before.
+CPU freezing does) and calling `_linear_pointwise` gives bit-identical outputs, faster at every row count
+tried, with the row hint 64 best (`python -m benchmarks.fastpath --micro`). The packed copy doubles the
+memory of the linear weights (a bf16 model with packed linears takes what the fp32 model took). Only
+inference is packed: with gradients on (LoRA training) the layer runs as before.
 
 Once the products are fast, fresh memory costs: glibc serves every allocation over its mmap threshold
 (128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
-and a pass allocates many such activations (a 388 x 4864 bf16 MLP activation is 3.6 MB). Raising the
-threshold to 32 MB and keeping freed memory (`tune_allocator`) took the SemIf request (21 questions,
-Qwen2.5-Coder-0.5B, bf16) from 0.68 / 0.65 s to 0.59 / 0.58 s in alternating runs (ad hoc; the same through
-MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment).
+and a pass allocates many such activations. Raising the threshold to 32 MB and keeping freed memory
+(`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment) took
+about a tenth off the SemIf request in bf16 (README "The CPU's matrix units").
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +54,7 @@ def has_bf16_units() -> bool:
 
 
 def resolve_dtype(dtype: str | None) -> str:
-    """"auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units, float32 elsewhere; others as given.
+    """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units, float32 elsewhere; others as given.
     None: the environment's PREFILL_DTYPE, else "auto" (the test suite sets float32, the exact reference
     path its 1e-4 checks are written for; bf16 is tested on its own)."""
     dtype = dtype or os.environ.get("PREFILL_DTYPE") or "auto"
@@ -68,8 +66,12 @@ def resolve_dtype(dtype: str | None) -> str:
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    return (dtype == torch.bfloat16 and has_bf16_units() and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        dtype == torch.bfloat16
+        and has_bf16_units()
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def pack_linears(model: torch.nn.Module) -> int:
@@ -95,9 +97,12 @@ def tune_allocator() -> bool:
     if _ALLOCATOR_TUNED is None:
         try:
             import ctypes
+
             libc = ctypes.CDLL("libc.so.6")
             M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-            _ALLOCATOR_TUNED = bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+            _ALLOCATOR_TUNED = bool(
+                libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+            )
         except (OSError, AttributeError):
             _ALLOCATOR_TUNED = False
     return _ALLOCATOR_TUNED
@@ -115,6 +120,7 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- exact answer logits in bf16
 
+
 @contextlib.contextmanager
 def head_input(model, dtype: torch.dtype) -> Iterator[list[torch.Tensor]]:
     """While the block runs, what the LM head reads (the final hidden states of the rows it scores).
@@ -129,6 +135,7 @@ def head_input(model, dtype: torch.dtype) -> Iterator[list[torch.Tensor]]:
         yield captured
     finally:
         hook.remove()
+
 
 def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
     """In bf16 the head's logits are rounded to 8 significant bits (a logit of 20 to within 0.06), as much
@@ -147,6 +154,7 @@ def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
         """rows (n,), tokens (n, k) -> their logits (n, k) in fp32."""
         out = torch.einsum("nh,nkh->nk", hidden[rows].float(), head.weight[tokens].float())
         return out + head.bias[tokens].float() if head.bias is not None else out
+
     return exact
 
 

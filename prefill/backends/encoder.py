@@ -29,6 +29,7 @@ What the route guarantees, and how:
 Cost: the state is read again for every question (and every group), so cost grows linearly with questions;
 the decoder route reads it once.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,19 +41,29 @@ import torch
 
 from ..render import Branches, _inline, render_text
 from ..schema import Choice, Noul, Score
-from .cpu import pack_linears
 from .base import Backend, RequestTooLarge
 from .causal_lm import Features
+from .cpu import pack_linears
 
 # Model types read as bidirectional encoders (auto-detected: `--route auto`).
-ENCODER_TYPES = {"bert", "mpnet", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2",
-                 "modernbert"}  # and any config with use_bidirectional_attention (EmbeddingGemma)
+ENCODER_TYPES = {
+    "bert",
+    "mpnet",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "modernbert",
+}  # and any config with use_bidirectional_attention (EmbeddingGemma)
 
 
 @dataclass(frozen=True)
 class Slots(Branches):
     """A question on this route: its tokens and each option's; `ordered`: a score's levels, laid out in
     their own order (it means something); a choice's and a yes/no's options are laid out sorted."""
+
     ordered: bool = False
 
 
@@ -65,7 +76,9 @@ class EncoderRenderer:
         self.chat, self.system, self.noul_words, self.score_words = False, False, "yesno", "names"
 
     def _ids(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids) if text else ()
+        return (
+            tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids) if text else ()
+        )
 
     def count(self, text: str) -> int:
         return len(self._ids(text))
@@ -76,14 +89,18 @@ class EncoderRenderer:
     def question(self, q: Noul | Choice | Score) -> Slots:
         """The question's tokens, and each option's (declared order; noul: yes, no; score: its levels)."""
         if isinstance(q, Noul):
-            text = render_text(q.instructions) if q.instructions is not None else "Does the description hold for the text?"
+            text = (
+                render_text(q.instructions) if q.instructions is not None else "Does the description hold for the text?"
+            )
             crit = q.criteria
             yes = "yes" + (f": {_inline(crit.true)}" if crit is not None and crit.true is not None else "")
             no = "no" + (f": {_inline(crit.false)}" if crit is not None and crit.false is not None else "")
             options = [yes, no]
         elif isinstance(q, Choice):
             text = render_text(q.instructions) if q.instructions is not None else "Which option fits the text best?"
-            options = [f"{name}: {_inline(d)}" if d is not None and _inline(d) else name for name, d in q.criteria.items()]
+            options = [
+                f"{name}: {_inline(d)}" if d is not None and _inline(d) else name for name, d in q.criteria.items()
+            ]
         else:
             text = render_text(q.instructions) if q.instructions is not None else "Which level fits the text best?"
             options = [_inline(level) or str(i) for i, level in enumerate(q.criteria)]
@@ -92,11 +109,21 @@ class EncoderRenderer:
 
 class EncoderBackend(Backend):
     """Scores each declared option of a question by its [MASK] slot (see the module docstring)."""
+
     route = "encoder"
     reads_features = truncates = True
 
-    def __init__(self, model, tokenizer, name: str, *, description: str = "", release_date: str = "",
-                 fingerprint: str = "", batch_size: int = 16):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str,
+        *,
+        description: str = "",
+        release_date: str = "",
+        fingerprint: str = "",
+        batch_size: int = 16,
+    ):
         self.model = model.eval()
         self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
         self.name = name
@@ -111,7 +138,9 @@ class EncoderBackend(Backend):
         self.slot = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.unk_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         limit = getattr(tokenizer, "model_max_length", None)
-        positions = model.config.max_position_embeddings - (2 if model.config.model_type in ("roberta", "mpnet", "xlm-roberta") else 0)
+        positions = model.config.max_position_embeddings - (
+            2 if model.config.model_type in ("roberta", "mpnet", "xlm-roberta") else 0
+        )
         self.max_positions = min(positions, limit) if limit and limit < 1_000_000 else positions
         self.max_context = 1 << 30  # long inputs are split or truncated by the layout rule, not refused
         self.device = next(model.parameters()).device
@@ -127,15 +156,17 @@ class EncoderBackend(Backend):
     def layout(self, n_state: int, q: Branches) -> list[tuple[list[int], int]]:
         """The sequences a question needs: (indices of its options, in canonical order, and how many state
         tokens each keeps)."""
-        fixed = 4 + len(q.prompt)                         # [CLS] question [SEP] ... [SEP] state [SEP]
+        fixed = 4 + len(q.prompt)  # [CLS] question [SEP] ... [SEP] state [SEP]
         order = list(range(len(q.answers)))
         if not getattr(q, "ordered", False):
             order.sort(key=lambda i: (q.answers[i], i))
         sizes = {i: 1 + len(q.answers[i]) for i in order}  # a slot and the option's tokens
         room = self.max_positions - fixed - min(n_state, self.max_positions // 2)
         if fixed + max(sizes.values()) > self.max_positions:
-            raise RequestTooLarge(f"a question of {len(q.prompt)} tokens with its longest option does not fit the encoder's "
-                          f"{self.max_positions} positions")
+            raise RequestTooLarge(
+                f"a question of {len(q.prompt)} tokens with its longest option does not fit the encoder's "
+                f"{self.max_positions} positions"
+            )
         groups, group, used = [], [], 0
         for i in order:
             if group and used + sizes[i] > room:
@@ -159,7 +190,7 @@ class EncoderBackend(Backend):
         """Per question: the training-free slot scores (as `loglik`), and for trained heads the hidden states
         after the given layers (1-based) of the pooled question span (`decision`; from the question's first
         sequence when its options are split) and of each option's slot (`options`)."""
-        rows = []   # (question, its option indices, token ids, slot positions, question span)
+        rows = []  # (question, its option indices, token ids, slot positions, question span)
         for qi, q in enumerate(questions):
             for options, kept in self.layout(len(state), q):
                 ids = [self.cls, *q.prompt, self.sep]
@@ -174,7 +205,7 @@ class EncoderBackend(Backend):
         decision: list[torch.Tensor | None] = [None] * len(questions)
         slots_at = [[None] * len(q.answers) for q in questions]
         for start in range(0, len(rows), self.batch_size):
-            batch = rows[start:start + self.batch_size]
+            batch = rows[start : start + self.batch_size]
             last, chosen = self._encode([ids for _, _, ids, _, _ in batch], layers)
             for b, (qi, options, _, slots, span) in enumerate(batch):
                 question = last[b, span].mean(0)

@@ -1,4 +1,5 @@
 """One factory: the backend the settings describe (route, backend, model, precision, prompt)."""
+
 from __future__ import annotations
 
 from .. import loading
@@ -10,33 +11,44 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
     """The decoder route on torch (the reference) or vLLM, or the encoder route; `dtype` already resolved
     (backends/cpu.py `resolve_dtype`), since the default model depends on it."""
     import torch
+
     source = loading.resolve(settings.model, dtype)
     if settings.route not in ("auto", "decoder", "encoder"):
         raise ValueError(f"route must be auto, decoder or encoder, not {settings.route!r}")
     if settings.backend not in ("torch", "vllm"):
         raise ValueError(f"backend must be torch or vllm, not {settings.backend!r}")
     identity = dict(release_date=source.release_date, fingerprint=loading.fingerprint(source))
-    prompt = dict(chat=settings.chat, system=settings.system, noul_words=settings.noul_words,
-                  score_words=settings.score_words)
+    prompt = dict(
+        chat=settings.chat, system=settings.system, noul_words=settings.noul_words, score_words=settings.score_words
+    )
     if settings.route == "encoder" or settings.route == "auto" and loading.is_encoder(source):
         if settings.backend != "torch":
             raise ValueError("the encoder route runs on the torch backend only")
         from transformers import AutoModel, AutoTokenizer
 
         from .encoder import EncoderBackend
+
         directory = loading.model_directory(source)
-        return EncoderBackend(AutoModel.from_pretrained(directory, dtype=getattr(torch, dtype)),
-                              AutoTokenizer.from_pretrained(directory), source.name, **identity)
+        return EncoderBackend(
+            AutoModel.from_pretrained(directory, dtype=getattr(torch, dtype)),
+            AutoTokenizer.from_pretrained(directory),
+            source.name,
+            **identity,
+        )
     if settings.backend == "vllm":
         from transformers import AutoTokenizer
 
         from .vllm_lm import NO_READOUTS, VLLMBackend
+
         if settings.readouts:
             from .base import ReadoutUnsupported
+
             raise ReadoutUnsupported(NO_READOUTS)
         directory = loading.model_directory(source)
-        return VLLMBackend(directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype,
-                           **identity, **prompt)
+        return VLLMBackend(
+            directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype, **identity, **prompt
+        )
     from .causal_lm import CausalLMBackend
+
     hf_model, tokenizer = loading.load(source, dtype)
     return CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **identity, **prompt)

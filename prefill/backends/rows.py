@@ -1,5 +1,6 @@
 """Rows: the way to run models whose layers ignore attention masks (recurrent or linear-attention hybrids)
 and sliding-window models whose context outruns the window (backends/causal_lm.py chooses)."""
+
 from __future__ import annotations
 
 import copy

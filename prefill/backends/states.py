@@ -1,5 +1,6 @@
 """States' keys/values: kept for the next request about the same state, and several states run side by side
 in one pass (each at its own positions, seeing only itself) then cut apart."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -19,7 +20,9 @@ class StateCache:
         self.hits = 0
         self.misses = 0
 
-    def lookup(self, states: Sequence[Sequence[int]]) -> tuple[dict[tuple[int, ...], DynamicCache], list[tuple[int, ...]]]:
+    def lookup(
+        self, states: Sequence[Sequence[int]]
+    ) -> tuple[dict[tuple[int, ...], DynamicCache], list[tuple[int, ...]]]:
         """The cached states found, and the distinct ones missing, in order."""
         found: dict[tuple[int, ...], DynamicCache] = {}
         missing: list[tuple[int, ...]] = []
@@ -53,7 +56,7 @@ def block_diagonal_mask(lengths: Sequence[int], dtype: torch.dtype) -> tuple[tor
     allowed = torch.zeros(n, n, dtype=torch.bool)
     positions, start = [], 0
     for length in lengths:
-        allowed[start:start + length, start:start + length] = torch.ones(length, length, dtype=torch.bool).tril()
+        allowed[start : start + length, start : start + length] = torch.ones(length, length, dtype=torch.bool).tril()
         positions += range(length)
         start += length
     return torch.zeros((1, 1, n, n), dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min), positions
@@ -63,15 +66,29 @@ def cut(cache: DynamicCache, lengths: Sequence[int]) -> list[DynamicCache]:
     """A cache of states side by side, cut into one cache per state."""
     out, start = [], 0
     for length in lengths:
-        out.append(DynamicCache(ddp_cache_data=[(layer.keys[:, :, start:start + length].clone(),
-                                                 layer.values[:, :, start:start + length].clone())
-                                                for layer in cache.layers]))
+        out.append(
+            DynamicCache(
+                ddp_cache_data=[
+                    (
+                        layer.keys[:, :, start : start + length].clone(),
+                        layer.values[:, :, start : start + length].clone(),
+                    )
+                    for layer in cache.layers
+                ]
+            )
+        )
         start += length
     return out
 
 
 def concat(caches: Sequence[DynamicCache]) -> DynamicCache:
     """Several states' keys/values side by side in one cache (their positions are their own)."""
-    return DynamicCache(ddp_cache_data=[(torch.cat([c.layers[i].keys for c in caches], dim=2),
-                                         torch.cat([c.layers[i].values for c in caches], dim=2))
-                                        for i in range(len(caches[0].layers))])
+    return DynamicCache(
+        ddp_cache_data=[
+            (
+                torch.cat([c.layers[i].keys for c in caches], dim=2),
+                torch.cat([c.layers[i].values for c in caches], dim=2),
+            )
+            for i in range(len(caches[0].layers))
+        ]
+    )

@@ -1,6 +1,7 @@
 """The token tree of a packed pass: a chunk of questions laid out as one sequence whose attention mask lets
 a token see the state and its own ancestors only (backends/causal_lm.py says why), and what is read off it:
 each answer's log-likelihood and the hidden states trained readouts read."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -17,9 +18,10 @@ class Features:
     decision token (the prompt's last token, where the answer starts) and at each answer's end token (its
     last token before the end-of-answer marker), and the answers' log-likelihoods (from the last layer the
     pass ran; meaningful only for a full-depth pass)."""
+
     loglik: list[float]
-    decision: torch.Tensor   # (n_layers, hidden)
-    options: torch.Tensor    # (n_answers, n_layers, hidden)
+    decision: torch.Tensor  # (n_layers, hidden)
+    options: torch.Tensor  # (n_answers, n_layers, hidden)
 
 
 class Tree:
@@ -32,20 +34,22 @@ class Tree:
     def __init__(self):
         self.ids: list[int] = []
         self.positions: list[int] = []
-        self.parent: list[int] = []     # the node this one continues (-1: the state)
+        self.parent: list[int] = []  # the node this one continues (-1: the state)
         self.read_from: list[int] = []  # sequence indices whose logits are read (deduplicated)
         self.targets: list[tuple[int, int, int, int]] = []  # (read index, token, question, answer)
         self.n_answers: list[int] = []
-        self.decision: list[int] = []           # per question: its prompt's last token
-        self.option_end: list[list[int]] = []   # per question, per answer: its last token before the marker
-        self.nodes: list[list[int]] = []        # per question: its nodes, prompt then answers, in order
-        self.group: list[int] = []      # which state the node continues (several only in score_many)
+        self.decision: list[int] = []  # per question: its prompt's last token
+        self.option_end: list[list[int]] = []  # per question, per answer: its last token before the marker
+        self.nodes: list[list[int]] = []  # per question: its nodes, prompt then answers, in order
+        self.group: list[int] = []  # which state the node continues (several only in score_many)
         self._group = 0
         self._slot: dict[int, int] = {}
         self._children: dict[tuple[int, int], int] = {}  # (parent, token) -> prompt node; roots: -1 - group
 
     @classmethod
-    def build(cls, chunk: Sequence[Branches], n_state: int | Sequence[int], groups: Sequence[int] | None = None) -> Tree:
+    def build(
+        cls, chunk: Sequence[Branches], n_state: int | Sequence[int], groups: Sequence[int] | None = None
+    ) -> Tree:
         """`n_state`: the state's length, or each question's state's length when `groups` says which state
         each question continues (questions on different states never share nodes)."""
         t = cls()
@@ -100,8 +104,10 @@ class Tree:
 
     def features(self, scores: list[list[float]], hidden: torch.Tensor) -> list[Features]:
         # copies, not views: a view would keep the whole chunk's hidden states alive (and saved, when cached)
-        return [Features(s, hidden[self.decision[q]].clone(), hidden[self.option_end[q]].clone())
-                for q, s in enumerate(scores)]
+        return [
+            Features(s, hidden[self.decision[q]].clone(), hidden[self.option_end[q]].clone())
+            for q, s in enumerate(scores)
+        ]
 
     def answer_logliks(self, logits: torch.Tensor) -> torch.Tensor:
         """`sum_logprobs` with gradients, as a (questions, most answers) tensor, for training."""
@@ -119,8 +125,9 @@ class Tree:
             seen[i, i] = True
         return seen
 
-    def sum_logprobs(self, logits: torch.Tensor, exact: Callable | None = None, rows: int = 16,
-                     top_k: int = 16) -> list[list[float]]:
+    def sum_logprobs(
+        self, logits: torch.Tensor, exact: Callable | None = None, rows: int = 16, top_k: int = 16
+    ) -> list[list[float]]:
         """Each answer's log-likelihood: the sum of its tokens' log-probabilities. The normaliser is taken
         `rows` logits rows at a time, so no vocabulary-sized copy of all rows is made (a block stays a few
         MB: larger temporaries are fresh pages from the OS on every call, which cost more than the
@@ -129,7 +136,7 @@ class Tree:
         read, tok, qs, ans = (torch.tensor(c) for c in zip(*self.targets))
         per_token = torch.empty(len(read), dtype=torch.float64)
         for start in range(0, logits.shape[0], rows):
-            block = logits[start:start + rows].float()
+            block = logits[start : start + rows].float()
             if exact is not None:  # the largest logits, which make the normaliser, recomputed exactly
                 top = block.topk(min(top_k, block.shape[1]), dim=-1).indices
                 block.scatter_(1, top, exact(torch.arange(start, start + len(block), device=block.device), top))

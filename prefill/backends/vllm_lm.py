@@ -23,6 +23,7 @@ its last token), so the tokens run exceed the tree's, which reads every shared t
 counts them (README "vLLM backend"). The nodes run in three waves (states, question prompts, answer
 prefixes) because sequences scheduled in the same step cannot hit blocks that step is still computing.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,8 +37,10 @@ from pathlib import Path
 from ..render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM, Branches, Renderer
 from .base import Backend
 
-NO_READOUTS = ("trained readouts read the model's hidden states, which vLLM does not return for prompt tokens; "
-               "serve them with the torch backend (the default, --backend torch)")
+NO_READOUTS = (
+    "trained readouts read the model's hidden states, which vLLM does not return for prompt tokens; "
+    "serve them with the torch backend (the default, --backend torch)"
+)
 # KV cache size on a CPU (GiB): vLLM's default takes a fraction of the machine's memory, which with a second
 # model loaded (tests, benchmarks) does not fit in 24 GiB. 2 GiB holds ~85k tokens of Qwen2.5-0.5B in fp32.
 DEFAULT_CPU_KV_CACHE_GIB = 2
@@ -78,13 +81,27 @@ def _children() -> set[int]:
 class VLLMBackend(Backend):
     """Scores answers as whole-sequence log-likelihoods with vLLM's `LLM`, in this process (its engine core
     runs in a child process vLLM starts). Same interface as CausalLMBackend's `score`/`score_many`."""
+
     batches = True
 
-    def __init__(self, directory: str | Path, tokenizer, name: str, *, dtype: str = "float32",
-                 description: str = "", release_date: str = "", chat: bool | None = None,
-                 system: bool = DEFAULT_SYSTEM, noul_words: str = DEFAULT_NOUL_WORDS,
-                 score_words: str = DEFAULT_SCORE_WORDS, fingerprint: str = "", max_model_len: int | None = None,
-                 block_size: int | None = None, llm_options: dict | None = None):
+    def __init__(
+        self,
+        directory: str | Path,
+        tokenizer,
+        name: str,
+        *,
+        dtype: str = "float32",
+        description: str = "",
+        release_date: str = "",
+        chat: bool | None = None,
+        system: bool = DEFAULT_SYSTEM,
+        noul_words: str = DEFAULT_NOUL_WORDS,
+        score_words: str = DEFAULT_SCORE_WORDS,
+        fingerprint: str = "",
+        max_model_len: int | None = None,
+        block_size: int | None = None,
+        llm_options: dict | None = None,
+    ):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KV_CACHE_GIB))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are about tuning, not us
         from vllm import LLM
@@ -96,13 +113,20 @@ class VLLMBackend(Backend):
         self.description = description or f"{name} (vLLM, one prefill pass)"
         self.release_date = release_date
         self.renderer = Renderer(tokenizer, chat=chat, system=system, noul_words=noul_words, score_words=score_words)
-        options = dict(model=str(directory), tokenizer=str(directory), dtype=dtype,
-                       enable_prefix_caching=True, max_model_len=max_model_len, seed=0, disable_log_stats=True,
-                       # CUDA graphs and torch.compile take minutes to build on a CPU and pay off on GPUs only.
-                       enforce_eager=cpu,
-                       # 32: the CPU attention kernels want multiples of 32 (16 fails there); a smaller block
-                       # means shorter recomputed tails (vLLM's CPU default is 128).
-                       block_size=block_size or (32 if cpu else None))
+        options = dict(
+            model=str(directory),
+            tokenizer=str(directory),
+            dtype=dtype,
+            enable_prefix_caching=True,
+            max_model_len=max_model_len,
+            seed=0,
+            disable_log_stats=True,
+            # CUDA graphs and torch.compile take minutes to build on a CPU and pay off on GPUs only.
+            enforce_eager=cpu,
+            # 32: the CPU attention kernels want multiples of 32 (16 fails there); a smaller block
+            # means shorter recomputed tails (vLLM's CPU default is 128).
+            block_size=block_size or (32 if cpu else None),
+        )
         before = _children()
         self.llm = LLM(**{k: v for k, v in {**options, **(llm_options or {})}.items() if v is not None})
         # vLLM's engine core is a child process that outlives this one unless told to stop (seen: after
@@ -110,17 +134,21 @@ class VLLMBackend(Backend):
         # normal exit stops it (atexit; the server's shutdown calls close()); a killed process cannot, so a
         # tiny watcher process stops the core when this process is gone (the core's workers follow it).
         atexit.register(self.close)
-        subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, _children() - before)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, _children() - before)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.max_context = self.llm.llm_engine.model_config.max_model_len
         # One token through the model now: a configuration vLLM's kernels cannot run (a CPU takes no 16-wide
         # attention heads, say) fails at start-up rather than on the first request.
         self.llm.generate([self._prompt([0])], self._params(()), use_tqdm=False)
-        self.forward_calls = 0   # calls into vLLM (each a set of sequences it schedules as it likes)
-        self.sequences_run = 0   # sequences sent
-        self.tokens_run = 0      # tokens vLLM computed for them (prompt tokens not found in its prefix cache)
-        self.stale_reruns = 0    # outputs whose cache hit reached the row read, run again (expected: 0)
+        self.forward_calls = 0  # calls into vLLM (each a set of sequences it schedules as it likes)
+        self.sequences_run = 0  # sequences sent
+        self.tokens_run = 0  # tokens vLLM computed for them (prompt tokens not found in its prefix cache)
+        self.stale_reruns = 0  # outputs whose cache hit reached the row read, run again (expected: 0)
 
     def close(self) -> None:
         """Stop vLLM's engine core and its workers (idempotent)."""
@@ -148,13 +176,19 @@ class VLLMBackend(Backend):
         logprobs: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}
         for wave in ([n for n in nodes if n in prompts], [n for n in nodes if n not in prompts]):
             for start in range(0, len(wave), WAVE_SEQUENCES):
-                part = wave[start:start + WAVE_SEQUENCES]
+                part = wave[start : start + WAVE_SEQUENCES]
                 got = self._run([(list(by_state[s]) + list(path), tuple(sorted(nodes[s, path]))) for s, path in part])
                 logprobs.update(zip(part, got))
-        return [[[sum(logprobs[s, tuple(q.prompt) + tuple(answer[:k])][token] for k, token in enumerate(answer))
-                  for answer in q.answers]
-                 for q in questions]
-                for s, questions in ((states[tuple(state)], questions) for state, questions in jobs)]
+        return [
+            [
+                [
+                    sum(logprobs[s, tuple(q.prompt) + tuple(answer[:k])][token] for k, token in enumerate(answer))
+                    for answer in q.answers
+                ]
+                for q in questions
+            ]
+            for s, questions in ((states[tuple(state)], questions) for state, questions in jobs)
+        ]
 
     def _run(self, sequences: list[tuple[list[int], tuple[int, ...]]]) -> list[dict[int, float]]:
         """For each (token ids, wanted next tokens): the wanted tokens' log-probabilities after the sequence,
@@ -170,8 +204,9 @@ class VLLMBackend(Backend):
             cached = o.num_cached_tokens or 0
             if wanted and cached >= len(ids):  # the row read was not computed: never trust it
                 self.stale_reruns += 1
-                o = self.llm.generate([self._prompt(ids, cache_salt=uuid.uuid4().hex)], [params[len(out)]],
-                                      use_tqdm=False)[0]
+                o = self.llm.generate(
+                    [self._prompt(ids, cache_salt=uuid.uuid4().hex)], [params[len(out)]], use_tqdm=False
+                )[0]
                 cached = o.num_cached_tokens or 0
             self.tokens_run += len(ids) - cached
             row = o.outputs[0].logprobs[0] if wanted else {}
@@ -181,6 +216,7 @@ class VLLMBackend(Backend):
     @staticmethod
     def _prompt(ids: list[int], **extra):
         from vllm.inputs import TokensPrompt
+
         return TokensPrompt(prompt_token_ids=ids, **extra)
 
     @staticmethod
@@ -188,5 +224,7 @@ class VLLMBackend(Backend):
         """One sampling step (greedy, nothing generated past it) with the wanted tokens' log-probabilities
         from the raw logits of the sequence's last position."""
         from vllm import SamplingParams
-        return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                              logprob_token_ids=list(wanted) if wanted else None)
+
+        return SamplingParams(
+            max_tokens=1, temperature=0.0, detokenize=False, logprob_token_ids=list(wanted) if wanted else None
+        )

@@ -16,6 +16,7 @@ that the harness works, and the README's numbers come from a full run of this co
 Every timing reads the state afresh (the state cache is emptied before each run), except where a row
 says `warm`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ __all__ = ["LlamaServer", "llama_server_binary", "QUESTIONS", "STATE", "nouls", 
 
 # ---------------------------------------------------------------- the command
 
+
 def run(settings: Settings, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     # The fact pass off: the benchmark measures the model path (it would answer one SemIf question exactly).
@@ -48,6 +50,7 @@ def run(settings: Settings, args: argparse.Namespace) -> dict:
     # it times decoder passes against generation (the encoder route: benchmarks/routes.py)
     pf = Prefill(settings=settings.replace(facts=False, route="decoder"))
     from ..loading import resolve
+
     source = resolve(settings.model, pf.dtype)
     gguf = source.location if source.kind == "gguf" else None  # llama.cpp runs the same file
     quick = args.quick
@@ -91,7 +94,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, one repeat")
     p.add_argument("--out", default="bench-out", help="where bench.json and the PNG go")
-    p.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "fast"),
-                   help="which measurements to run (comma-separated; fast: the SemIf row without the per-question "
-                        "baselines, which semif includes)")
+    p.add_argument(
+        "--sections",
+        default=",".join(s for s in SECTIONS if s != "fast"),
+        help="which measurements to run (comma-separated; fast: the SemIf row without the per-question "
+        "baselines, which semif includes)",
+    )
     p.add_argument("--question-counts", default="1,5,21,100,1000,5000", help="questions per request to scale over")

@@ -1,11 +1,11 @@
 """The benchmark's request (the SemIf ticket and its 21 questions) and how it times things."""
+
 from __future__ import annotations
 
 import os
 import statistics
 import threading
 import time
-
 
 from ..api import Prefill
 from ..schema import Noul
@@ -25,24 +25,36 @@ STATE = (
     "colleague Priya Raman (priya.raman@example.com) is copied on all replies, as she handles our vendor "
     "payments. Attached: bank statement excerpt (PDF), screenshot of the empty export. "
     "Previous interactions: two tickets in the past year, both resolved within a day; satisfaction rating 5/5. "
-    "Account notes: enterprise SLA requires a first response within 4 business hours; assigned CSM is Tom Okafor.")
+    "Account notes: enterprise SLA requires a first response within 4 business hours; assigned CSM is Tom Okafor."
+)
 
 QUESTIONS = [
-    "Is the customer asking for money back?", "Was the customer charged more than once?",
-    "Does the customer threaten to dispute the charge with a bank?", "Does the customer threaten to leave?",
-    "Is the customer on an enterprise plan?", "Does the ticket report a software bug?",
-    "Does the customer ask about pricing or discounts?", "Does the customer mention a deadline?",
-    "Has the customer contacted support before about this issue?", "Is the customer angry or frustrated?",
-    "Does the ticket mention an attachment?", "Does the customer ask to copy someone on replies?",
-    "Is a specific invoice number mentioned?", "Is the customer asking to cancel immediately?",
-    "Does the ticket mention a named support agent?", "Is the amount charged over $1,000?",
-    "Does the issue block the customer's work?", "Is this the customer's first ticket ever?",
-    "Does the customer praise the product?", "Does the ticket contain an email address?",
+    "Is the customer asking for money back?",
+    "Was the customer charged more than once?",
+    "Does the customer threaten to dispute the charge with a bank?",
+    "Does the customer threaten to leave?",
+    "Is the customer on an enterprise plan?",
+    "Does the ticket report a software bug?",
+    "Does the customer ask about pricing or discounts?",
+    "Does the customer mention a deadline?",
+    "Has the customer contacted support before about this issue?",
+    "Is the customer angry or frustrated?",
+    "Does the ticket mention an attachment?",
+    "Does the customer ask to copy someone on replies?",
+    "Is a specific invoice number mentioned?",
+    "Is the customer asking to cancel immediately?",
+    "Does the ticket mention a named support agent?",
+    "Is the amount charged over $1,000?",
+    "Does the issue block the customer's work?",
+    "Is this the customer's first ticket ever?",
+    "Does the customer praise the product?",
+    "Does the ticket contain an email address?",
     "Should this ticket be escalated to a manager?",
 ]
 
 
 # ---------------------------------------------------------------- measuring
+
 
 class PeakMemory:
     """Peak resident memory above the starting point while the block runs (sampled every 2 ms)."""
@@ -77,10 +89,12 @@ def timed(fn, repeats: int, cold: Prefill | None = None) -> tuple[float, object]
     """Median seconds over `repeats` runs after one warm-up (none for a single run: the long cases), and
     the last result. With `cold`, that engine's state cache is emptied before every run, so each run
     reads its state afresh."""
+
     def run():
         if cold is not None:
             cold.backend.forget_states()
         return fn()
+
     if repeats > 1:
         run()
     times, out = [], None
@@ -100,5 +114,6 @@ def tokens_ran(pf: Prefill, questions: dict) -> int:
 
 
 def nouls(n: int) -> dict[str, Noul]:
-    return {f"q{i}": Noul(QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (item {i})"))
-            for i in range(n)}
+    return {
+        f"q{i}": Noul(QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (item {i})")) for i in range(n)
+    }

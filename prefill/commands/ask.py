@@ -1,4 +1,5 @@
 """prefill ask: answer questions about one state, JSON out."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", required=True, help="the state text, or @FILE (a .json file is read as JSON)")
     p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
     p.add_argument("--usage", action="store_true", help="print the whole response, usage included")
-    p.add_argument("--reference-date", type=dt.date.fromisoformat, default=None,
-                   help="today, for date questions (YYYY-MM-DD; default: the date the state gives, if any)")
+    p.add_argument(
+        "--reference-date",
+        type=dt.date.fromisoformat,
+        default=None,
+        help="today, for date questions (YYYY-MM-DD; default: the date the state gives, if any)",
+    )
 
 
 def run(settings: Settings, args) -> int:
@@ -25,6 +30,7 @@ def run(settings: Settings, args) -> int:
 
     from ..loading import ModelNotFound
     from ..schema import SystemOneResponse, wire_questions
+
     try:
         state = read_arg(args.state, as_json=False)
         questions = wire_questions(read_arg(args.questions, as_json=True))

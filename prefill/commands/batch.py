@@ -1,4 +1,5 @@
 """prefill batch: the same questions for every row of a JSONL, CSV or Parquet file, resumable."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,17 +17,38 @@ HELP = "answer the same questions for every row of a JSONL, CSV or Parquet file"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="rows: .jsonl, .csv or .parquet")
     p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
-    p.add_argument("--out", required=True, help="the rows plus the answers: .jsonl, .csv or .parquet; rerun the "
-                                                "same command to continue an interrupted job")
-    p.add_argument("--state-field", default=None,
-                   help="the field or column that is the state (default: the whole record is the state)")
-    p.add_argument("--on-error", default="skip", choices=["skip", "stop"],
-                   help="a row that cannot be answered: record it in prefill_error and go on, or stop (default skip)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the rows plus the answers: .jsonl, .csv or .parquet; rerun the "
+        "same command to continue an interrupted job",
+    )
+    p.add_argument(
+        "--state-field",
+        default=None,
+        help="the field or column that is the state (default: the whole record is the state)",
+    )
+    p.add_argument(
+        "--on-error",
+        default="skip",
+        choices=["skip", "stop"],
+        help="a row that cannot be answered: record it in prefill_error and go on, or stop (default skip)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="rows run together in shared passes (default 16)")
-    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="spread the rows over engine actors with Ray Data: a local Ray, or the cluster at ADDRESS")
-    p.add_argument("--ray-actors", type=int, default=2, help="with --ray: engine actors, each with its own model "
-                                                             "copy and an equal share of the CPUs (default 2)")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="spread the rows over engine actors with Ray Data: a local Ray, or the cluster at ADDRESS",
+    )
+    p.add_argument(
+        "--ray-actors",
+        type=int,
+        default=2,
+        help="with --ray: engine actors, each with its own model copy and an equal share of the CPUs (default 2)",
+    )
 
 
 def engine(settings: Settings):
@@ -38,6 +60,7 @@ def run(settings: Settings, args) -> int:
     from ..batch import BatchError, RowFailed, load_questions, ray_answers
     from ..batch import run as run_batch
     from ..loading import ModelNotFound
+
     source, out = Path(args.input), Path(args.out)
     try:
         if not source.exists():
@@ -48,19 +71,36 @@ def run(settings: Settings, args) -> int:
                 import ray  # noqa: F401
             except ImportError:
                 raise BatchError('--ray needs Ray: pip install "prefill[ray]"') from None
-            local, answer = None, ray_answers(functools.partial(engine, settings), questions, args.state_field,
-                                              actors=args.ray_actors,
-                                              address=None if args.ray == "local" else args.ray)
+            local, answer = (
+                None,
+                ray_answers(
+                    functools.partial(engine, settings),
+                    questions,
+                    args.state_field,
+                    actors=args.ray_actors,
+                    address=None if args.ray == "local" else args.ray,
+                ),
+            )
         else:
             local, answer = engine(settings), None
-        summary = run_batch(local, source, questions, out, state_field=args.state_field, on_error=args.on_error,
-                            batch_size=args.batch_size, answer=answer)
+        summary = run_batch(
+            local,
+            source,
+            questions,
+            out,
+            state_field=args.state_field,
+            on_error=args.on_error,
+            batch_size=args.batch_size,
+            answer=answer,
+        )
     except (BatchError, ModelNotFound, OSError, json.JSONDecodeError) as e:  # RowFailed: the job; the rest: usage
         print(f"prefill batch: {e}", file=sys.stderr)
         return 1 if isinstance(e, RowFailed) else 2
     except KeyboardInterrupt:
-        print("\nprefill batch: interrupted; the finished rows are kept: rerun the same command to continue",
-              file=sys.stderr)
+        print(
+            "\nprefill batch: interrupted; the finished rows are kept: rerun the same command to continue",
+            file=sys.stderr,
+        )
         return 130
     skipped = ""
     if summary.skipped:

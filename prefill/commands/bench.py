@@ -1,4 +1,5 @@
 """prefill bench: speed, as ratios measured in one run (prefill/bench/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,12 @@ HELP = "measure speed against generation and per-question passes (see prefill/be
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..bench import add_arguments as bench_arguments
+
     bench_arguments(p)
 
 
 def run(settings: Settings, args) -> int:
     from ..bench import run as run_bench
+
     print(json.dumps(run_bench(settings, args), indent=2))
     return 0

@@ -1,4 +1,5 @@
 """prefill calibrate: temperatures per question type fitted on labelled JSONL, saved tied to the model."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,18 +14,25 @@ HELP = "fit temperatures per question type on labelled JSONL, saved tied to the 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
-    p.add_argument("--buckets", action="store_true", help="also fit per option-count bucket (kept only if it helps held-out)")
+    p.add_argument(
+        "--buckets", action="store_true", help="also fit per option-count bucket (kept only if it helps held-out)"
+    )
     p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--out", default=None, help="the calibration file (default: the cache, where serve and the API find it)")
+    p.add_argument(
+        "--out", default=None, help="the calibration file (default: the cache, where serve and the API find it)"
+    )
 
 
 def run(settings: Settings, args) -> int:
     from .. import evaluate
     from ..api import setup
     from ..loading import cache_dir
+
     items = evaluate.load_jsonl(args.data)
     pf = build_prefill(settings, "calibrate")
-    scored = evaluate.score_uncalibrated(pf, items, facts=False)  # temperatures are the model's; exact answers need none
+    scored = evaluate.score_uncalibrated(
+        pf, items, facts=False
+    )  # temperatures are the model's; exact answers need none
     cal, result = evaluate.calibrate(pf, items, scored, args.folds, args.buckets)
     cal.setup = setup(pf.backend.renderer, pf.engine.scoring)
     cal.notes["data"] = Path(args.data).name

@@ -1,4 +1,5 @@
 """What the commands share: the model the settings describe, reading @FILE arguments, usage errors."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,6 +26,7 @@ def read_arg(value: str, as_json: bool) -> object:
 
 def has_adapter(path: str) -> bool:
     from ..readout import Readouts
+
     try:
         return Readouts.load(path).adapter is not None
     except (OSError, ValueError):
@@ -36,6 +38,7 @@ def build_prefill(settings: Settings, command: str):
     it reads. Elsewhere than serve, and for a LoRA readout (which changes the weights), the one readout is
     the engine; `prefill serve` adds its readouts beside the base (commands/serve.py)."""
     from ..api import Prefill
+
     readouts = settings.readouts
     if len(readouts) > 1 and command != "serve":
         usage_error(f"prefill {command} takes one --readout (prefill serve takes several)")
@@ -46,15 +49,19 @@ def build_prefill(settings: Settings, command: str):
         pf.engines = {pf.engine.name: pf.engine}
     if not readouts and command in ("ask", "serve", "eval", "batch") and pf.backend.route == "encoder":
         # a newcomer's first question on an encoder gets a near-uniform answer: say why, and what to do
-        print(f"prefill: {pf.name} is on the encoder route with no trained head, where answers are at chance (near "
-              f"uniform: measured on twelve tasks); train one: prefill train DATA --model {pf.name} --out HEAD, "
-              "then --readout HEAD (README 'Encoder route vs decoder route')", file=sys.stderr)
+        print(
+            f"prefill: {pf.name} is on the encoder route with no trained head, where answers are at chance (near "
+            f"uniform: measured on twelve tasks); train one: prefill train DATA --model {pf.name} --out HEAD, "
+            "then --readout HEAD (README 'Encoder route vs decoder route')",
+            file=sys.stderr,
+        )
     return pf
 
 
 def check_vllm(settings: Settings, command: str, generate: bool = False) -> None:
     """--backend vllm: what it cannot do, told at once (exit 2) rather than after vLLM has started."""
     from ..backends.vllm_lm import NO_READOUTS
+
     if settings.route == "encoder":
         usage_error("the encoder route runs on the torch backend only")
     if command in ("train", "bench"):
@@ -64,5 +71,7 @@ def check_vllm(settings: Settings, command: str, generate: bool = False) -> None
     if generate:
         usage_error("eval --generate needs the torch backend")
     if importlib.util.find_spec("vllm") is None:
-        usage_error("--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
-                    "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec")
+        usage_error(
+            "--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
+            "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec"
+        )

@@ -1,4 +1,5 @@
 """prefill eval: accuracy, F1, log loss, Brier, ECE, RPS and a reliability plot on labelled JSONL."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(settings: Settings, args) -> int:
     from .. import evaluate
+
     items = evaluate.load_jsonl(args.data)
     pf = build_prefill(settings, "eval")
     if args.generate and not pf.backend.generates:
@@ -29,8 +31,11 @@ def run(settings: Settings, args) -> int:
     scored = evaluate.score_uncalibrated(pf, items, facts=settings.facts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {**evaluate.evaluation(pf, items, scored, args.folds, args.generate), "data": args.data,
-              "facts": "on" if settings.facts else "off"}
+    result = {
+        **evaluate.evaluation(pf, items, scored, args.folds, args.generate),
+        "data": args.data,
+        "facts": "on" if settings.facts else "off",
+    }
     cal = None if pf.engine.readouts else pf.engine.calibration
     evaluate.plot_reliability(scored, out / "reliability.png", f"{pf.name}: {Path(args.data).name}", cal)
     (out / "eval.json").write_text(json.dumps(result, indent=2))

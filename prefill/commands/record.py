@@ -1,4 +1,5 @@
 """prefill record: answer labelled JSONL and write {request, response} lines, a teacher for prefill train."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,17 @@ def run(settings: Settings, args) -> int:
 
     from .. import evaluate
     from ..schema import SystemOneResponse
+
     pf = build_prefill(settings, "record")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for item in tqdm(evaluate.load_jsonl(args.data), desc="recording", unit="item", file=sys.stderr):
             answers, usage = pf.engine.ask(item.state, item.questions, item.reference_date)
-            request = {"model": pf.name, "state": item.state,
-                       "questions": {k: q.model_dump(mode="json", exclude_none=True) for k, q in item.questions.items()}}
+            request = {
+                "model": pf.name,
+                "state": item.state,
+                "questions": {k: q.model_dump(mode="json", exclude_none=True) for k, q in item.questions.items()},
+            }
             response = SystemOneResponse(model=pf.name, answers=answers, usage=usage).model_dump(mode="json")
             f.write(json.dumps({"request": request, "response": response}, ensure_ascii=False) + "\n")
     return 0

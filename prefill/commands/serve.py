@@ -1,4 +1,5 @@
 """prefill serve: the TypeSafe System One API over HTTP."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,28 +18,61 @@ HELP = "serve the TypeSafe System One API"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", action="append", default=[],
-                   help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)",
+    )
     p.add_argument("--log-level", default="info")
-    p.add_argument("--default-model", default=None,
-                   help="the served model the jev-* aliases point to (default: the first --readout, else the base)")
-    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                   help="requests that may be in at once, waiting or running; past it, 429 with Retry-After "
-                        "(default %(default)s: 4 per CPU core)")
-    p.add_argument("--max-wait", type=float, default=DEFAULT_MAX_WAIT_S,
-                   help="seconds a request may wait in the queue before it is dropped with 503 + Retry-After "
-                        "(default %(default)s)")
-    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
-                   help="waiting requests run together in shared passes, at most this many (default %(default)s)")
-    p.add_argument("--replicas", type=int, default=0,
-                   help="serve N engine replicas behind Ray Serve, requests about one state to one replica "
-                        '(pip install "prefill[ray]"; default: one process, no Ray)')
-    p.add_argument("--max-replicas", type=int, default=None,
-                   help="with --replicas N: autoscale between N and this many replicas on ongoing requests "
-                        "per replica (target: --max-batch)")
-    p.add_argument("--ray-address", default=None, help="with --replicas: the Ray cluster to join (default: a local one)")
-    p.add_argument("--batching", default="on", choices=["on", "off"],
-                   help="cross-request batching (default on; README 'Serving under load' has the measurement)")
+    p.add_argument(
+        "--default-model",
+        default=None,
+        help="the served model the jev-* aliases point to (default: the first --readout, else the base)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help="requests that may be in at once, waiting or running; past it, 429 with Retry-After "
+        "(default %(default)s: 4 per CPU core)",
+    )
+    p.add_argument(
+        "--max-wait",
+        type=float,
+        default=DEFAULT_MAX_WAIT_S,
+        help="seconds a request may wait in the queue before it is dropped with 503 + Retry-After "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        help="waiting requests run together in shared passes, at most this many (default %(default)s)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="serve N engine replicas behind Ray Serve, requests about one state to one replica "
+        '(pip install "prefill[ray]"; default: one process, no Ray)',
+    )
+    p.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        help="with --replicas N: autoscale between N and this many replicas on ongoing requests "
+        "per replica (target: --max-batch)",
+    )
+    p.add_argument(
+        "--ray-address", default=None, help="with --replicas: the Ray cluster to join (default: a local one)"
+    )
+    p.add_argument(
+        "--batching",
+        default="on",
+        choices=["on", "off"],
+        help="cross-request batching (default on; README 'Serving under load' has the measurement)",
+    )
 
 
 def run(settings: Settings, args) -> int:
@@ -46,6 +80,7 @@ def run(settings: Settings, args) -> int:
 
     from ..backends.cpu import resolve_dtype
     from ..loading import ModelNotFound, resolve
+
     try:
         # a wrong path or a missing default model fails now, not in the background
         check(settings, args, resolve(settings.model, resolve_dtype(settings.dtype)).name)
@@ -59,9 +94,15 @@ def run(settings: Settings, args) -> int:
         except ImportError:
             print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
             return 2
-        replicas.run(functools.partial(app, settings, args, keys, loaded=True), replicas=args.replicas,
-                     host=args.host, port=args.port, address=args.ray_address, max_replicas=args.max_replicas,
-                     target_ongoing_requests=args.max_batch)
+        replicas.run(
+            functools.partial(app, settings, args, keys, loaded=True),
+            replicas=args.replicas,
+            host=args.host,
+            port=args.port,
+            address=args.ray_address,
+            max_replicas=args.max_replicas,
+            target_ongoing_requests=args.max_batch,
+        )
         return 0
     uvicorn.run(app(settings, args, keys), host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -71,9 +112,16 @@ def app(settings: Settings, args, keys: list[str], loaded: bool = False):
     """The app: the engines load in the background (or here, `loaded`: a Ray Serve replica, which is ready
     when its constructor returns)."""
     from ..serving.app import create_app
+
     load = functools.partial(engines, settings, args.default_model)
-    return create_app(load() if loaded else load, api_keys=keys, max_queue=args.max_queue,
-                      max_wait_s=args.max_wait, max_batch=args.max_batch, batching=args.batching == "on")
+    return create_app(
+        load() if loaded else load,
+        api_keys=keys,
+        max_queue=args.max_queue,
+        max_wait_s=args.max_wait,
+        max_batch=args.max_batch,
+        batching=args.batching == "on",
+    )
 
 
 def engines(settings: Settings, default_model: str | None):
@@ -81,6 +129,7 @@ def engines(settings: Settings, default_model: str | None):
     copy of the weights and one state cache; the jev-* aliases point to `default_model` (default: the first
     readout). A readout trained with a LoRA changes the weights: it is served alone."""
     from ..serving.app import Served
+
     pf = build_prefill(settings, "serve")
     if pf.engine.readouts is None:  # (a LoRA readout among others was refused by `check`)
         for name, path in settings.readouts:
@@ -93,6 +142,7 @@ def check(settings: Settings, args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
     from ..api import LORA_CANNOT_SHARE
     from ..readout import Readouts
+
     if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
         raise ValueError("--max-replicas M needs --replicas N with 0 < N <= M (N: the fewest replicas)")
     for _, path in settings.readouts:

@@ -7,6 +7,7 @@ deadline (503), a disconnected client's work dropped, and waiting requests batch
 TypeSafe's shapes: validation 422 `{"detail": [{loc, msg, type}]}`, anything else
 `{"detail": {error_type, message}}`; a bad request is never a 5xx.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..backends.base import ReadoutUnsupported
 from ..engine import Engine, RequestTooLarge
 from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
-from .scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S, DeadlineExceeded, Job, Overloaded,
-                        Scheduler, wait_time)
+from .scheduler import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_WAIT_S,
+    DeadlineExceeded,
+    Job,
+    Overloaded,
+    Scheduler,
+    wait_time,
+)
 from .telemetry import PROMETHEUS_TEXT, CountRequests, Telemetry
 
 log = logging.getLogger("prefill.serving")
@@ -50,6 +59,7 @@ def _error(status: int, error_type: str, message: str, headers: dict[str, str] |
 class Served:
     """What one process serves: engines by model name (the base model and each trained readout, all on
     one backend when they share a base), and the one the `jev-*` aliases point to."""
+
     engines: dict[str, Engine]
     default: str
 
@@ -95,25 +105,38 @@ class _Slot:
 @dataclass
 class _Context:
     """What the routes read from `request.app.state.prefill`."""
+
     slot: _Slot
     scheduler: Scheduler
     telemetry: Telemetry
     keys: list[bytes]
 
 
-def create_app(engine: Engine | Mapping[str, Engine] | Served | Callable[[], Engine | Mapping[str, Engine] | Served],
-               *, api_keys: Sequence[str] = (), max_body_bytes: int = MAX_BODY_BYTES,
-               max_queue: int = DEFAULT_MAX_QUEUE, max_wait_s: float = DEFAULT_MAX_WAIT_S,
-               max_batch: int = DEFAULT_MAX_BATCH, batching: bool = True) -> FastAPI:
+def create_app(
+    engine: Engine | Mapping[str, Engine] | Served | Callable[[], Engine | Mapping[str, Engine] | Served],
+    *,
+    api_keys: Sequence[str] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    batching: bool = True,
+) -> FastAPI:
     """An app serving `engine` (or several, by model name: `Served`), or what a loader returns (run in a
     background thread). `max_queue`, `max_wait_s`, `max_batch`, `batching`: the scheduler's admission
     control and cross-request batching (scheduler.py)."""
     slot = _Slot()
     app = FastAPI(title="prefill", description="TypeSafe System One API, answered in one prefill pass.")
-    telemetry = Telemetry(lambda: scheduler.depth,
-                          lambda: [e.backend for e in slot.engine.engines.values()] if slot.engine else [])
-    scheduler = Scheduler(max_queue=max_queue, max_wait_s=max_wait_s, max_batch=max_batch, batching=batching,
-                          on_batch=lambda n, _seconds: telemetry.batch.observe(n))
+    telemetry = Telemetry(
+        lambda: scheduler.depth, lambda: [e.backend for e in slot.engine.engines.values()] if slot.engine else []
+    )
+    scheduler = Scheduler(
+        max_queue=max_queue,
+        max_wait_s=max_wait_s,
+        max_batch=max_batch,
+        batching=batching,
+        on_batch=lambda n, _seconds: telemetry.batch.observe(n),
+    )
     app.state.scheduler = scheduler
     app.state.prefill = _Context(slot, scheduler, telemetry, [k.encode() for k in api_keys if k])
     _lifecycle(app, slot, scheduler, engine)
@@ -135,6 +158,7 @@ def _lifecycle(app: FastAPI, slot: _Slot, scheduler: Scheduler, engine) -> None:
         process by re-raising the signal, so atexit never runs and the children would be orphaned."""
         for backend in {id(e.backend): e.backend for e in slot.engine.engines.values()}.values() if slot.engine else ():
             backend.close()
+
     app.router.on_shutdown.append(close_backends)
     if not callable(engine):
         slot.engine = Served.of(engine)
@@ -146,10 +170,12 @@ def _lifecycle(app: FastAPI, slot: _Slot, scheduler: Scheduler, engine) -> None:
         except Exception as e:  # noqa: BLE001 — reported on /health and to every request
             log.exception("model load failed")
             slot.failure = f"{type(e).__name__}: {e}"
+
     app.router.on_startup.append(lambda: threading.Thread(target=load, name="prefill-load", daemon=True).start())
 
 
 # ---------------------------------------------------------------- routes
+
 
 def authenticate(request: Request) -> None:
     keys = request.app.state.prefill.keys
@@ -158,8 +184,12 @@ def authenticate(request: Request) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given.strip():
-        raise ApiError(401, "authentication_error", "an API key is required: send Authorization: Bearer <key>",
-                       {"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "authentication_error",
+            "an API key is required: send Authorization: Bearer <key>",
+            {"WWW-Authenticate": "Bearer"},
+        )
     given_b = given.strip().encode()
     ok = False
     for k in keys:  # constant time per key, and every key is compared
@@ -183,9 +213,16 @@ def health(request: Request):
 @router.get("/v1/models", response_model=ModelList, dependencies=[Depends(authenticate)])
 def models(request: Request):
     served = request.app.state.prefill.slot.get()
-    return ModelList(models=[ModelInfo(name=n, release_date=served.engine(n).backend.release_date,
-                                       description=served.engines[n].description if n in served.engines
-                                       else f"alias of {served.default}") for n in served.names()])
+    return ModelList(
+        models=[
+            ModelInfo(
+                name=n,
+                release_date=served.engine(n).backend.release_date,
+                description=served.engines[n].description if n in served.engines else f"alias of {served.default}",
+            )
+            for n in served.names()
+        ]
+    )
 
 
 @router.get("/metrics", dependencies=[Depends(authenticate)])
@@ -215,8 +252,11 @@ async def systemone(req: SystemOneRequest, request: Request):
     ctx.telemetry.answered(d)
     body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
     # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
-    for key, qids in (("x_low_confidence", d.low_confidence), ("x_escalated", d.escalated),
-                      ("x_truncated", d.truncated)):
+    for key, qids in (
+        ("x_low_confidence", d.low_confidence),
+        ("x_escalated", d.escalated),
+        ("x_truncated", d.truncated),
+    ):
         if qids:
             body[key] = qids
     return JSONResponse(body)
@@ -228,8 +268,9 @@ async def _outcome(job: Job, request: Request, scheduler: Scheduler):
     result = asyncio.wrap_future(job.future)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        done, _ = await asyncio.wait({result, gone}, timeout=wait_time(job, scheduler.max_wait_s),
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {result, gone}, timeout=wait_time(job, scheduler.max_wait_s), return_when=asyncio.FIRST_COMPLETED
+        )
         if result not in done and scheduler.drop(job):
             if gone in done:
                 raise _ClientGone("the client disconnected; its request was dropped unanswered")
@@ -240,6 +281,7 @@ async def _outcome(job: Job, request: Request, scheduler: Scheduler):
 
 
 # ---------------------------------------------------------------- errors, in TypeSafe's shapes
+
 
 async def _api_error(_: Request, exc: ApiError):
     return _error(exc.status, exc.error_type, exc.message, exc.headers)
@@ -252,8 +294,10 @@ async def _http_error(_: Request, exc: StarletteHTTPException):
 
 
 async def _validation_error(_: Request, exc: RequestValidationError):
-    detail = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-              for err in exc.errors()]
+    detail = [
+        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+        for err in exc.errors()
+    ]
     return JSONResponse({"detail": detail}, 422)
 
 
@@ -262,8 +306,12 @@ async def _internal_error(_: Request, exc: Exception):
     return _error(500, "internal_error", "internal error; the server log has the details")
 
 
-ERROR_HANDLERS = {ApiError: _api_error, StarletteHTTPException: _http_error,
-                  RequestValidationError: _validation_error, Exception: _internal_error}
+ERROR_HANDLERS = {
+    ApiError: _api_error,
+    StarletteHTTPException: _http_error,
+    RequestValidationError: _validation_error,
+    Exception: _internal_error,
+}
 
 
 class _ClientGone(Exception):
@@ -301,8 +349,12 @@ class _DecodeBody:
         try:
             body = _decompress(encoding, body, self.max_bytes)
         except LookupError:
-            return await _respond(send, 415, "unsupported_media_type",
-                                  f"Content-Encoding {encoding!r} is not supported (zstd, gzip, deflate are)")
+            return await _respond(
+                send,
+                415,
+                "unsupported_media_type",
+                f"Content-Encoding {encoding!r} is not supported (zstd, gzip, deflate are)",
+            )
         except OverflowError:
             return await _respond(send, 413, "request_too_large", f"the decoded body is over {self.max_bytes} bytes")
         except Exception:  # noqa: BLE001 — a corrupt stream is the client's error
@@ -350,7 +402,11 @@ def _decompress(encoding: str, body: bytes, limit: int) -> bytes:
 
 async def _respond(send, status: int, error_type: str, message: str) -> None:
     raw = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": raw})
-

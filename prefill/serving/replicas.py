@@ -13,6 +13,7 @@ replaces the replica.
 
 Headers `x-prefill-replica` (the replica's id) and `x-prefill-replica-pid` say who answered.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,14 +36,16 @@ class StateAffinityRouter(RequestRouter):
     (its cached keys/values are there), and an even spread of distinct states; with no state (an
     unparsable body, GET /v1/models), any, the least loaded."""
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         key = (pending_request.kwargs.get("affinity") if pending_request else None) or ""
         if not key:
-            return [list(candidate_replicas)]   # one rank: Serve takes the one with the shortest queue
+            return [list(candidate_replicas)]  # one rank: Serve takes the one with the shortest queue
 
         def score(replica: RunningReplica) -> bytes:
             return hashlib.sha256(f"{key}|{replica.replica_id.unique_id}".encode()).digest()
+
         return [[r] for r in sorted(candidate_replicas, key=score)]
 
 
@@ -52,18 +55,24 @@ class Replica:
     def __init__(self, build, threads: int):
         import httpx
         import torch
+
         torch.set_num_threads(threads)
         self.app = build()
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://replica",
-                                        timeout=None)
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app), base_url="http://replica", timeout=None
+        )
         self.id = serve.get_replica_context().replica_id.unique_id
 
-    async def handle(self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes,
-                     affinity: str = "") -> tuple[int, list[tuple[str, str]], bytes]:
+    async def handle(
+        self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes, affinity: str = ""
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         r = await self.client.request(method, path + (f"?{query}" if query else ""), headers=headers, content=body)
         out = [(k, v) for k, v in r.headers.items() if k.lower() not in HOP_HEADERS]
-        return r.status_code, out + [("x-prefill-replica", self.id), ("x-prefill-replica-pid", str(os.getpid()))], \
-            r.content
+        return (
+            r.status_code,
+            out + [("x-prefill-replica", self.id), ("x-prefill-replica-pid", str(os.getpid()))],
+            r.content,
+        )
 
 
 class Ingress:
@@ -78,8 +87,9 @@ class Ingress:
         if request.url.path == "/health":
             running = _running_replicas()
             if running < self.count:
-                return JSONResponse({"status": "loading", "replicas": running, "of": self.count}, 503,
-                                    headers={"Retry-After": "2"})
+                return JSONResponse(
+                    {"status": "loading", "replicas": running, "of": self.count}, 503, headers={"Retry-After": "2"}
+                )
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         call = (request.method, request.url.path, request.url.query, headers, body)
@@ -90,13 +100,21 @@ class Ingress:
                 return Response(content, status, headers=dict(out))
             except Exception as e:  # noqa: BLE001 — a replica that died: once more, elsewhere
                 log.warning("replica failed (attempt %d): %s: %s", attempt, type(e).__name__, e)
-        return JSONResponse({"detail": {"error_type": "overloaded_error",
-                                        "message": "the replica answering this request failed twice; retry"}},
-                            503, headers={"Retry-After": "2"})
+        return JSONResponse(
+            {
+                "detail": {
+                    "error_type": "overloaded_error",
+                    "message": "the replica answering this request failed twice; retry",
+                }
+            },
+            503,
+            headers={"Retry-After": "2"},
+        )
 
 
 def _running_replicas() -> int:
     from ray.serve._private.common import ReplicaState
+
     app = serve.status().applications.get("prefill")
     deployment = app.deployments.get("prefill-replica") if app else None
     return deployment.replica_states.get(ReplicaState.RUNNING, 0) if deployment else 0
@@ -105,6 +123,7 @@ def _running_replicas() -> int:
 def affinity(body: bytes, encoding: str) -> str:
     """The hash of the request's state, or "" when the body is not a readable request."""
     from .app import _decompress
+
     try:
         state = json.loads(_decompress(encoding.strip().lower(), body, 64 * 1024 * 1024))["state"]
     except Exception:  # noqa: BLE001 — routed anywhere; the replica gives the 4xx
@@ -112,8 +131,14 @@ def affinity(body: bytes, encoding: str) -> str:
     return hashlib.sha256(json.dumps(state, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def replica_options(replicas: int, max_replicas: int | None, cpus: float, max_ongoing_requests: int,
-                    target_ongoing_requests: int, gpus: float = 0) -> dict:
+def replica_options(
+    replicas: int,
+    max_replicas: int | None,
+    cpus: float,
+    max_ongoing_requests: int,
+    target_ongoing_requests: int,
+    gpus: float = 0,
+) -> dict:
     """The replica deployment's Ray Serve options: `replicas` fixed, or with `max_replicas` autoscaled
     between the two on ongoing requests per replica (Ray Serve's autoscaler: above the target for a while,
     one more replica; below it, one fewer, never under `replicas`). Each replica gets the CPUs it would have
@@ -121,27 +146,53 @@ def replica_options(replicas: int, max_replicas: int | None, cpus: float, max_on
     GPUs, one GPU each (not tried here: no GPU)."""
     top = max(replicas, max_replicas or replicas)
     actor = {"num_cpus": cpus / top, **({"num_gpus": 1} if gpus else {})}
-    options = {"max_ongoing_requests": max_ongoing_requests, "ray_actor_options": actor,
-               "request_router_config": RequestRouterConfig(request_router_class=StateAffinityRouter)}
+    options = {
+        "max_ongoing_requests": max_ongoing_requests,
+        "ray_actor_options": actor,
+        "request_router_config": RequestRouterConfig(request_router_class=StateAffinityRouter),
+    }
     if top == replicas:
         return {**options, "num_replicas": replicas}
-    return {**options, "autoscaling_config": {"min_replicas": replicas, "initial_replicas": replicas,
-                                              "max_replicas": top, "target_ongoing_requests": target_ongoing_requests}}
+    return {
+        **options,
+        "autoscaling_config": {
+            "min_replicas": replicas,
+            "initial_replicas": replicas,
+            "max_replicas": top,
+            "target_ongoing_requests": target_ongoing_requests,
+        },
+    }
 
 
-def run(build, *, replicas: int, host: str, port: int, address: str | None = None, max_replicas: int | None = None,
-        max_ongoing_requests: int = 16, target_ongoing_requests: int = 8) -> None:
+def run(
+    build,
+    *,
+    replicas: int,
+    host: str,
+    port: int,
+    address: str | None = None,
+    max_replicas: int | None = None,
+    max_ongoing_requests: int = 16,
+    target_ongoing_requests: int = 8,
+) -> None:
     """Start (or join, at `address`) a Ray cluster, deploy the ingress and `replicas` replicas of
     `build()` (autoscaled up to `max_replicas`), and serve on host:port until interrupted."""
     import ray
+
     # Serve skips a replica that does not say how busy it is within 0.1 s (its default) and routes to the
     # next one: on a loaded 2-core machine that broke the state affinity for most requests; 1 s keeps it.
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     resources = ray.cluster_resources()
-    options = replica_options(replicas, max_replicas, resources.get("CPU", 1), max_ongoing_requests,
-                              target_ongoing_requests, resources.get("GPU", 0))
+    options = replica_options(
+        replicas,
+        max_replicas,
+        resources.get("CPU", 1),
+        max_ongoing_requests,
+        target_ongoing_requests,
+        resources.get("GPU", 0),
+    )
     serve.start(http_options={"host": host, "port": port})
     replica = serve.deployment(Replica, name="prefill-replica").options(**options)
     ingress = serve.deployment(Ingress, name="prefill-ingress").options(ray_actor_options={"num_cpus": 0})

@@ -13,6 +13,7 @@ equals its answer alone). Everything accepted is answered or refused with a reas
 The worker runs the model part only; the rest (the fallback's remote calls, building the answers) runs
 in the caller's thread, so a slow fallback never holds up the queue.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,10 @@ class DeadlineExceeded(Exception):
     """The request waited past its deadline and was dropped unanswered."""
 
     def __init__(self, waited: float, retry_after: int):
-        super().__init__(f"the request waited {waited:.1f} s in the queue, past the server's deadline, and was "
-                         f"dropped unanswered; retry after {retry_after} s")
+        super().__init__(
+            f"the request waited {waited:.1f} s in the queue, past the server's deadline, and was "
+            f"dropped unanswered; retry after {retry_after} s"
+        )
         self.retry_after = retry_after
 
 
@@ -60,24 +63,31 @@ class DeadlineExceeded(Exception):
 class Job:
     engine: Engine
     request: Request
-    future: Future = field(default_factory=Future)   # a Scored, or the request's exception
+    future: Future = field(default_factory=Future)  # a Scored, or the request's exception
     enqueued: float = field(default_factory=time.monotonic)
 
 
 class Scheduler:
-    def __init__(self, *, max_queue: int = DEFAULT_MAX_QUEUE, max_wait_s: float = DEFAULT_MAX_WAIT_S,
-                 max_batch: int = DEFAULT_MAX_BATCH, batching: bool = True, on_batch=None):
+    def __init__(
+        self,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        max_wait_s: float = DEFAULT_MAX_WAIT_S,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        batching: bool = True,
+        on_batch=None,
+    ):
         if max_queue < 1 or max_batch < 1 or max_wait_s <= 0:
             raise ValueError("max_queue and max_batch must be at least 1, max_wait_s positive")
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.max_batch = max_batch if batching else 1
-        self.on_batch = on_batch            # called with (requests in the batch, seconds) after each batch
+        self.on_batch = on_batch  # called with (requests in the batch, seconds) after each batch
         self._queue: deque[Job] = deque()
-        self._running = 0                   # requests in the batch the worker is running
+        self._running = 0  # requests in the batch the worker is running
         self._cond = threading.Condition()
-        self._seconds_per_request = 1.0     # running mean of the service time, for Retry-After
+        self._seconds_per_request = 1.0  # running mean of the service time, for Retry-After
         self._closed = False
-        self._worker: threading.Thread | None = None   # started by the first request, again after close()
+        self._worker: threading.Thread | None = None  # started by the first request, again after close()
 
     @property
     def depth(self) -> int:
@@ -135,13 +145,13 @@ class Scheduler:
                 if job.engine is first.engine:
                     self._queue.remove(job)
                     batch.append(job)
-            self._running = len(batch)                       # out of the queue, still counted as in
+            self._running = len(batch)  # out of the queue, still counted as in
         now = time.monotonic()
         live = []
         for job in batch:
             if not job.future.set_running_or_notify_cancel():
-                continue                                     # dropped while it waited
-            if now - job.enqueued > self.max_wait_s:         # nobody is waiting for it any more
+                continue  # dropped while it waited
+            if now - job.enqueued > self.max_wait_s:  # nobody is waiting for it any more
                 job.future.set_exception(DeadlineExceeded(now - job.enqueued, self.retry_after()))
                 continue
             live.append(job)
@@ -174,4 +184,3 @@ class Scheduler:
 def wait_time(job: Job, max_wait_s: float) -> float:
     """How much longer a queued job may wait before its deadline."""
     return max(0.0, max_wait_s - (time.monotonic() - job.enqueued))
-

@@ -6,6 +6,7 @@ model's own counters (forward passes, tokens run, state-cache hits and misses) a
 backend when scraped, so they cannot drift from what the backend did. Each app has its own registry, so
 several apps in one process (tests, a fallback server) do not mix their numbers.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,10 +25,16 @@ BACKEND_COUNTERS = (  # (attribute, metric name, help)
     ("tokens_run", "prefill_model_tokens", "tokens the model's passes ran (shared prefixes and cached states once)"),
     ("state_hits", "prefill_state_cache_hits", "requests whose state was found in the state cache"),
     ("state_misses", "prefill_state_cache_misses", "requests whose state had to be run"),
-    ("stale_reruns", "prefill_model_stale_reruns", "vLLM outputs run again because a cache hit reached the row "
-                                                   "read (expected 0)"),
-    ("truncated_questions", "prefill_truncated_questions", "questions read with their state cut to the "
-                                                           "encoder's positions"),
+    (
+        "stale_reruns",
+        "prefill_model_stale_reruns",
+        "vLLM outputs run again because a cache hit reached the row read (expected 0)",
+    ),
+    (
+        "truncated_questions",
+        "prefill_truncated_questions",
+        "questions read with their state cut to the encoder's positions",
+    ),
 )
 
 
@@ -35,15 +42,30 @@ class Telemetry:
     def __init__(self, queue_depth: Callable[[], int], backends: Callable[[], Iterable]):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("prefill_requests", "HTTP requests answered, by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("prefill_request_seconds", "time from a request's arrival to its response",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "prefill_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "prefill_request_seconds",
+            "time from a request's arrival to its response",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         Gauge("prefill_queue_depth", "requests waiting for the model", registry=r).set_function(queue_depth)
-        self.batch = Histogram("prefill_batch_requests", "requests run together in one model batch",
-                               buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.questions = Counter("prefill_questions", "questions answered, by what answered them: the model, "
-                                 "the fact pass, a shallow readout (early exit), the fallback", ["path"], registry=r)
+        self.batch = Histogram(
+            "prefill_batch_requests",
+            "requests run together in one model batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.questions = Counter(
+            "prefill_questions",
+            "questions answered, by what answered them: the model, "
+            "the fact pass, a shallow readout (early exit), the fallback",
+            ["path"],
+            registry=r,
+        )
         self.input_tokens = Counter("prefill_input_tokens", "input tokens reported in responses' usage", registry=r)
         r.register(_BackendCollector(backends))
 
@@ -75,6 +97,7 @@ class CountRequests:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
+
         try:
             await self.app(scope, receive, send_counted)
         finally:
