@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from prefill import Prefill, metrics, training
+from prefill import Prefill, fitting, metrics, training
 from prefill.engine import choice_confidence as confidence
 from prefill.engine import softmax
 from prefill.evaluate import load_jsonl
@@ -39,14 +39,14 @@ HELD_OUT = ("policy_compliance", "guardrail_intent", "upset")
 TYPES = ("noul", "choice", "score")
 
 
-def features(pf: Prefill, paths, teacher_paths, layers, cache: Path) -> list[training.Example]:
+def features(pf: Prefill, paths, teacher_paths, layers, cache: Path) -> list[fitting.Example]:
     if cache.is_file():
         return torch.load(cache, weights_only=False)
     teacher = {}
     for p in teacher_paths:
         teacher.update(training.read_records(p))
     items = [it for p in paths for it in load_jsonl(p)]
-    out = training.extract(pf.backend, items, layers, teacher)
+    out = fitting.extract(pf.backend, items, layers, teacher)
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save(out, cache)
     return out
@@ -144,12 +144,12 @@ def main() -> None:
         for kind in ("linear", "pointer"):
             for rl in (0.0, 1.0):
                 label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
-                cfg = training.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
-                head, log, _ = training.fit_head(
+                cfg = fitting.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
+                head, log, _ = fitting.fit_head(
                     fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed
                 )
                 for name, ex in splits.items():
-                    s = scores(ex, training.predict(head, ex, last))
+                    s = scores(ex, fitting.predict(head, ex, last))
                     runs[label][name].append((s["accuracy"], s["ece"]))
                     if seed == seeds[0]:
                         rows[label][name] = s
@@ -174,14 +174,14 @@ def main() -> None:
     final = heads["student linear, CE only"]  # the default of prefill train
     early = {}
     for i, k in enumerate(early_layers):
-        cfg = training.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
-        head, _, _ = training.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
+        cfg = fitting.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
+        head, _, _ = fitting.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
         thr, fit_report = training.exit_threshold(
-            training.predict(head, val, i), training.predict(final, val, last), [e.gold for e in val]
+            fitting.predict(head, val, i), fitting.predict(final, val, last), [e.gold for e in val]
         )
         result = {"threshold": thr, "validation": fit_report}
         for name, ex in splits.items():
-            shallow, deep = training.predict(head, ex, i), training.predict(final, ex, last)
+            shallow, deep = fitting.predict(head, ex, i), fitting.predict(final, ex, last)
             mixed = [s if confidence(s) >= thr else f for s, f in zip(shallow, deep)]
             f_exit = sum(confidence(s) >= thr for s in shallow) / len(ex)
             result[name] = {
@@ -197,7 +197,7 @@ def main() -> None:
     # fallback: escalate the student's least sure questions to the teacher
     fallback = {}
     for name, ex in splits.items():
-        student = training.predict(final, ex, last)
+        student = fitting.predict(final, ex, last)
         curve = []
         for thr in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01):
             mixed = [e.teacher.tolist() if confidence(p) < thr else p for p, e in zip(student, ex)]

@@ -18,7 +18,7 @@ items:
               on the user's labels gives): the fair baseline for a head that saw those labels.
 
 Accuracy and ECE on the held-out items (both questions pooled), per task and size, averaged over draws.
-Features come from the engine's own packed pass (training.extract), computed once per text and cached in
+Features come from the engine's own packed pass (fitting.extract), computed once per text and cached in
 DIR/features-TASK.pt, so a rerun with other sizes or head variants costs seconds.
 """
 
@@ -114,7 +114,7 @@ def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> di
     held-out items, cached in `out`."""
     import torch
 
-    from prefill import training
+    from prefill import fitting
 
     path = out / f"features-{task}.pt"
     if path.is_file():
@@ -124,8 +124,8 @@ def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> di
     data = {
         "task": task,
         "layers": layers,
-        "train": training.extract(pf.backend, pool, layers, progress=f"{task}: training pool"),
-        "test": training.extract(pf.backend, test, layers, progress=f"{task}: held-out"),
+        "train": fitting.extract(pf.backend, pool, layers, progress=f"{task}: training pool"),
+        "test": fitting.extract(pf.backend, test, layers, progress=f"{task}: held-out"),
     }
     data["engine_scores"] = {
         part: engine_scores(pf.engine, items, data[part]) for part, items in (("train", pool), ("test", test))
@@ -136,7 +136,7 @@ def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> di
 
 def engine_scores(engine, items, examples) -> list[list[float]]:
     """The served engine's training-free scores (readout + correction, before calibration) for every
-    question, in training.extract's order. The default correction subtracts a prior that depends on the
+    question, in fitting.extract's order. The default correction subtracts a prior that depends on the
     question only, and the features' log-likelihoods are the engine's whole readout from the same pass,
     so the engine is asked once per distinct question (on the first text that has it) and its offset
     applied to the rest; a second text checks that the identity holds."""
@@ -209,13 +209,13 @@ def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
 def served_mix(final, early, test: list, final_index: int, early_index: int) -> tuple[list, float]:
     """What the engine serves with both heads: the early head's answer where it is sure enough, else the
     final head's; and the fraction that exited early."""
-    from prefill import training
+    from prefill import fitting
     from prefill.engine import choice_confidence
 
-    deep = training.predict(final, test, final_index)
+    deep = fitting.predict(final, test, final_index)
     if early is None:
         return deep, 0.0
-    shallow = training.predict(early, test, early_index)
+    shallow = fitting.predict(early, test, early_index)
     exits = [choice_confidence(p) >= early.cfg.exit_threshold for p in shallow]
     return [s if x else d for s, d, x in zip(shallow, deep, exits)], sum(exits) / len(exits)
 
@@ -255,7 +255,7 @@ VARIANTS = {  # name: (head kind, features), each a final head alone
 
 
 def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
-    from prefill import training
+    from prefill import fitting, training
     from prefill.readout import ReadoutConfig
 
     chosen = draw(data, n, seed)
@@ -305,8 +305,8 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
         te = variant_examples(test, how, layers, data["engine_scores"]["test"])
         index = 0 if how == "concat" else 1 if how == "mid" else len(layers) - 1
         cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=tr[0].decision.shape[-1], use_base=True)
-        head, _, _ = training.fit_head(tr, cfg, index, rl_weight=0.0, label_weight=1.0, seed=seed)
-        row[name] = scored(training.predict(head, te, index), test)
+        head, _, _ = fitting.fit_head(tr, cfg, index, rl_weight=0.0, label_weight=1.0, seed=seed)
+        row[name] = scored(fitting.predict(head, te, index), test)
     return row
 
 

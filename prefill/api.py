@@ -23,12 +23,11 @@ from .backends.vllm_lm import NO_READOUTS
 from .calibration import Calibration, shipped
 from .engine import Engine
 from .readout import Readouts
-from .schema import Answer, Choice, Noul, Score
+from .schema import Answer, AnyQuestion, Choice, Noul, Score
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring
 from .settings import Settings
 
-QuestionT = Noul | Choice | Score
 LORA_CANNOT_SHARE = (
     "a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
     "them with other readouts or the plain base: serve it alone, one process per LoRA readout"
@@ -124,9 +123,9 @@ class Prefill:
         return self.engine.name
 
     @overload
-    def ask(self, state: Any, questions: QuestionT) -> Answer: ...
+    def ask(self, state: Any, questions: AnyQuestion) -> Answer: ...
     @overload
-    def ask(self, state: Any, questions: Mapping[str, QuestionT]) -> dict[str, Answer]: ...
+    def ask(self, state: Any, questions: Mapping[str, AnyQuestion]) -> dict[str, Answer]: ...
 
     def ask(self, state, questions, reference_date: dt.date | None = None):
         """Answers for a mapping of id → question, or the one answer for a single question.

@@ -16,14 +16,14 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import facts
-from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge, score_many
+from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
 from .calibration import Calibration
 from .readout import Readouts
 from .render import Branches, render_text
-from .schema import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer, Usage
+from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected
 
@@ -57,7 +57,12 @@ class Decision:
     truncated: list[str] = field(default_factory=list)  # read with the state cut to fit (encoder route)
 
 
-Request = tuple[Any, Mapping[str, "Noul | Choice | Score"], "dt.date | None"]  # state, questions, reference date
+class EngineRequest(NamedTuple):
+    """One System One request as the engine takes it."""
+
+    state: Any
+    questions: Mapping[str, AnyQuestion]
+    reference_date: dt.date | None = None
 
 
 @dataclass
@@ -134,7 +139,7 @@ class Engine:
         return f"{self.backend.description}, with the trained readout {self.readouts.name!r}"
 
     def ask(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
     ) -> tuple[dict[str, Answer], Usage]:
         """Answers for every question. `reference_date` is "today" for date questions; without it the fact
         pass uses the date the state gives ("Today is ..."), if any."""
@@ -142,19 +147,19 @@ class Engine:
         return d.answers, d.usage
 
     def decide(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
     ) -> Decision:
         return self.conclude(state, questions, reference_date, self._score_one(state, questions, reference_date))
 
-    def decide_many(self, requests: Sequence[Request]) -> list[Decision | Exception]:
+    def decide_many(self, requests: Sequence[EngineRequest]) -> list[Decision | Exception]:
         """`decide` for several independent requests (state, questions, reference date), their model work
-        in shared passes (score_many); a request that cannot be answered (too large, say) gets its
+        in shared passes (score_requests); a request that cannot be answered (too large, say) gets its
         exception in its place and does not fail the others."""
-        found = self.score_many(requests)
+        found = self.score_requests(requests)
         return [f if isinstance(f, Exception) else self.conclude(*r, f) for r, f in zip(requests, found)]
 
     def conclude(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None, found: Scored
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None, found: Scored
     ) -> Decision:
         """The wire answers from the model's distributions, after asking the fallback about the questions
         the model is unsure of. Outside the backend lock: a remote fallback never holds up the model."""
@@ -185,22 +190,20 @@ class Engine:
         )
 
     def probabilities(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None = None
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
     ) -> tuple[dict[str, list[float]], int, list[str]]:
         """Each question's distribution over its declared answers (in declared order, noul: yes, no), the
         tokens the model read, and the questions a shallow readout answered."""
         found = self._score_one(state, questions, reference_date)
         return found.probs, found.n_tokens, found.early_exit
 
-    def _score_one(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None
-    ) -> Scored:
-        found = self.score_many([(state, questions, reference_date)])[0]
+    def _score_one(self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None) -> Scored:
+        found = self.score_requests([EngineRequest(state, questions, reference_date)])[0]
         if isinstance(found, Exception):
             raise found
         return found
 
-    def score_many(self, requests: Sequence[Request]) -> list[Scored | Exception]:
+    def score_requests(self, requests: Sequence[EngineRequest]) -> list[Scored | Exception]:
         """The model's part of `decide_many`: each request's distributions, before any fallback. The
         training-free path runs all requests' questions in shared passes (backend.score_many); trained
         readouts run request by request."""
@@ -230,9 +233,7 @@ class Engine:
                         out[i] = e
         return out
 
-    def _prepare(
-        self, state: Any, questions: Mapping[str, Noul | Choice | Score], reference_date: dt.date | None
-    ) -> _Prepared:
+    def _prepare(self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None) -> _Prepared:
         """The fact pass, then the rest rendered to token branches (identical questions once), checked
         against the limits."""
         probs: dict[str, list[float]] = {}
@@ -273,7 +274,7 @@ class Engine:
         """`scores` for several (state, branches, types) at once, the model passes shared."""
         ways = [[self.scoring.get(t) or Scoring() for t in qtypes] for _, _, qtypes in jobs]
         cuts = [[w.branches(b) for w, b in zip(ws, branches)] for ws, (_, branches, _) in zip(ways, jobs)]
-        raw = score_many(self.backend, [(state, cut) for (state, _, _), cut in zip(jobs, cuts)])
+        raw = self.backend.score_many([(state, cut) for (state, _, _), cut in zip(jobs, cuts)])
         out = [[w.combine(c, s) for w, c, s in zip(ws, cut, r)] for ws, cut, r in zip(ways, cuts, raw)]
         renderer = self.backend.renderer
         flat = [(j, i, w) for j, ws in enumerate(ways) for i, w in enumerate(ws) if w.correction != "none"]
@@ -337,7 +338,7 @@ class Engine:
             )
         return total
 
-    def _answer(self, q: Noul | Choice | Score, probs: Sequence[float]) -> Answer:
+    def _answer(self, q: AnyQuestion, probs: Sequence[float]) -> Answer:
         if isinstance(q, Noul):
             return NoulAnswer(noul=probs[0])
         if isinstance(q, Choice):

@@ -32,16 +32,15 @@ from . import metrics
 from .calibration import Calibration
 from .engine import Engine
 from .render import render_question
-from .schema import Choice, Noul, Question, Score
+from .schema import AnyQuestion, Choice, Noul, Question, Score
 
-QuestionT = Noul | Choice | Score
 _QUESTIONS = TypeAdapter(dict[str, Question])
 
 
 @dataclass
 class Item:
     state: Any
-    questions: dict[str, QuestionT]
+    questions: dict[str, AnyQuestion]
     gold: dict[str, Any]
     reference_date: dt.date | None = None
     family: str = ""
@@ -65,11 +64,11 @@ def load_jsonl(path: str | Path) -> list[Item]:
     return items
 
 
-def parse_questions(raw: dict) -> dict[str, QuestionT]:
+def parse_questions(raw: dict) -> dict[str, AnyQuestion]:
     return _QUESTIONS.validate_python(raw)
 
 
-def gold_index(q: QuestionT, gold: Any) -> int:
+def gold_index(q: AnyQuestion, gold: Any) -> int:
     if isinstance(q, Noul):
         if not isinstance(gold, bool):
             raise ValueError(f"noul gold must be true or false, not {gold!r}")
@@ -84,7 +83,7 @@ def gold_index(q: QuestionT, gold: Any) -> int:
     return gold
 
 
-def answer_labels(q: QuestionT) -> list[str]:
+def answer_labels(q: AnyQuestion) -> list[str]:
     if isinstance(q, Noul):
         return ["yes", "no"]
     if isinstance(q, Choice):
@@ -100,7 +99,7 @@ def vector(answer) -> list[float]:
 
 
 @dataclass
-class Scored:
+class LabelledAnswer:
     qtype: str
     probs: list[float]
     gold: int
@@ -108,17 +107,17 @@ class Scored:
     item: int
 
 
-def predict(engine: Engine, items: Sequence[Item], progress: str = "answering") -> list[Scored]:
+def predict(engine: Engine, items: Sequence[Item], progress: str = "answering") -> list[LabelledAnswer]:
     out = []
     for i, item in enumerate(tqdm(items, desc=progress, unit="item", file=sys.stderr)):
         answers, _ = engine.ask(item.state, item.questions, item.reference_date)
         for qid, q in item.questions.items():
-            out.append(Scored(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
+            out.append(LabelledAnswer(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
     return out
 
 
-def report(scored: Sequence[Scored], calibration: Calibration | None = None) -> dict:
-    by_type: dict[str, list[Scored]] = defaultdict(list)
+def report(scored: Sequence[LabelledAnswer], calibration: Calibration | None = None) -> dict:
+    by_type: dict[str, list[LabelledAnswer]] = defaultdict(list)
     for s in scored:
         by_type[s.qtype].append(s)
     out = {}
@@ -129,26 +128,26 @@ def report(scored: Sequence[Scored], calibration: Calibration | None = None) -> 
 
 
 def cross_validate(
-    model: str, fingerprint: str, scored: Sequence[Scored], folds: int = 5, buckets: bool = False, seed: int = 0
+    model: str, fingerprint: str, scored: Sequence[LabelledAnswer], folds: int = 5, buckets: bool = False, seed: int = 0
 ) -> dict:
     """Held-out metrics after calibration: items split into folds, temperatures fitted on the other folds
     and applied to this one; the held-out predictions of all folds are pooled."""
     item_ids = sorted({s.item for s in scored})
     random.Random(seed).shuffle(item_ids)
     fold_of = {item: k % folds for k, item in enumerate(item_ids)}
-    held_out: list[Scored] = []
+    held_out: list[LabelledAnswer] = []
     for k in range(folds):
         train = [s for s in scored if fold_of[s.item] != k]
         cal = fit(model, fingerprint, train, buckets)
         held_out += [
-            Scored(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
+            LabelledAnswer(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
             for s in scored
             if fold_of[s.item] == k
         ]
     return report(held_out)
 
 
-def fit(model: str, fingerprint: str, scored: Sequence[Scored], buckets: bool = False) -> Calibration:
+def fit(model: str, fingerprint: str, scored: Sequence[LabelledAnswer], buckets: bool = False) -> Calibration:
     by_type: dict[str, list] = defaultdict(list)
     for s in scored:
         by_type[s.qtype].append((s.probs, s.gold))
@@ -187,7 +186,7 @@ def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int
     }
 
 
-def parse_answer(q: QuestionT, text: str) -> int | None:
+def parse_answer(q: AnyQuestion, text: str) -> int | None:
     """The declared answer a generated text starts with (longest match, case-insensitive), or None."""
     t = text.strip().strip("\"'*`").lower()
     answers = render_question(q).answers
@@ -206,7 +205,9 @@ def parse_answer(q: QuestionT, text: str) -> int | None:
 # ---------------------------------------------------------------- reliability diagram
 
 
-def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibration: Calibration | None = None) -> None:
+def plot_reliability(
+    scored: Sequence[LabelledAnswer], path: Path, title: str, calibration: Calibration | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,7 +242,7 @@ def plot_reliability(scored: Sequence[Scored], path: Path, title: str, calibrati
 # ---------------------------------------------------------------- what prefill eval and calibrate report
 
 
-def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[Scored]:
+def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[LabelledAnswer]:
     """Every item answered by `pf`'s backend, readouts and scoring, before calibration."""
     raw = Engine(
         pf.backend,
@@ -253,7 +254,7 @@ def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[Scored]:
     return predict(raw, items)
 
 
-def evaluation(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, generate: bool) -> dict:
+def evaluation(pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], folds: int, generate: bool) -> dict:
     """`prefill eval`'s report: raw, with the engine's calibration (a trained head carries its own),
     calibrated out of fold, and the model generating its answers (`generate`)."""
     result: dict = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "items": len(items), "raw": report(scored)}
@@ -268,7 +269,7 @@ def evaluation(pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, 
 
 
 def calibrate(
-    pf, items: Sequence[Item], scored: Sequence[Scored], folds: int, try_buckets: bool
+    pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], folds: int, try_buckets: bool
 ) -> tuple[Calibration, dict]:
     """`prefill calibrate`: temperatures per question type, and per option-count bucket when those do better
     out of fold (`try_buckets`), with the held-out numbers behind the choice."""

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .schema import Choice, Noul, Score
+from .schema import AnyQuestion, Choice, Noul
 
 # ---------------------------------------------------------------- quantities in text
 
@@ -215,60 +215,76 @@ def _range(t: str) -> Condition | None:
     return Condition(kind, lambda v, a=lo.value, b=hi.value: a <= v <= b, frozenset(words(residue)))
 
 
+_RELATIVE = re.compile(
+    r"\b(?P<op>more than|over|at least|less than|under|at most|within|in)"
+    r"(?: the (?P<dir>last|past|next|coming))?\s+(?P<n>[\d,.]+)\s+(?P<unit>\w+?)s?\s*(?P<ago>ago|old)?\b",
+    re.IGNORECASE,
+)
+
+
 def parse_condition(text: str) -> Condition | None:
     """A single comparison in `text`, or None when there is none or more than one clause."""
     t = " ".join(text.split())
     span = _range(t)
     if span:
         return span
-    relative = re.search(
-        r"\b(?P<op>more than|over|at least|less than|under|at most|within|in)"
-        r"(?: the (?P<dir>last|past|next|coming))?\s+(?P<n>[\d,.]+)\s+(?P<unit>\w+?)s?\s*(?P<ago>ago|old)?\b",
-        t,
-        re.IGNORECASE,
-    )
+    relative = _RELATIVE.search(t)
     for pattern, op in _OPS:
         m = re.search(rf"(?<![\w<>=])(?:{pattern})(?![\w<>=])", t, re.IGNORECASE)
-        if not m:
-            continue
-        tail = t[m.end() :]
-        value_text = re.split(r"\?|$", tail, maxsplit=1)[0]
-        head, rest = t[: m.start()], value_text
-        threshold = _threshold(value_text)
-        if "or more" == m[0].lower() or m[0].lower() in ("or less", "or fewer"):
-            # "3 or more failed logins": the threshold comes before the words
-            before = quantities(head)
-            if not before:
-                return None
-            threshold, rest = before[-1], ""
-            head = head[: threshold.start] + " " + head[threshold.end :] + " " + value_text
-        if threshold is None:
-            return None
-        residue = head + " " + (rest[: threshold.start] + rest[threshold.end :] if rest else "")
-        if _CLAUSE.search(residue.replace("(inclusive)", "")):
-            return None
-        negated = bool(re.search(r"\bnot\s*$", head, re.IGNORECASE)) and not m[0].lower().startswith("not ")
-        age = threshold.kind == DURATION and bool(
-            (relative and relative["ago"])
-            or re.match(r"older|younger", m[0], re.IGNORECASE)
-            or re.search(r"\b(old|age|ago|since|opened|created|joined|registered)\b", residue, re.IGNORECASE)
-        )
-        subject, unit = words(residue), frozenset()
-        if threshold.kind == COUNT:  # "more than 3 failed logins": the words after say what is counted
-            counted = rest[threshold.end :] if rest else value_text
-            unit = frozenset(_ordered_words(counted)[:2])
-            subject |= words(counted)
-        test = lambda v, o=op, x=threshold.value, n=negated: o(v, x) != n
-        return Condition(threshold.kind, test, frozenset(subject), age, unit)
+        if m:
+            return _comparison(t, m, op, relative)
     if relative and relative["op"].lower() in ("within", "in") and relative["unit"].lower() in _DAYS_PER:
-        n = float(relative["n"].replace(",", "")) * _DAYS_PER[relative["unit"].lower()]
-        residue = t[: relative.start()] + " " + t[relative.end() :]
-        if _CLAUSE.search(residue):
+        return _within(t, relative)
+    return _date_comparison(t)
+
+
+def _comparison(t: str, m: re.Match, op, relative: re.Match | None) -> Condition | None:
+    """ "more than 3 failed logins", "over $1,000", "3 or more ...": the comparison `m` found in `t`."""
+    tail = t[m.end() :]
+    value_text = re.split(r"\?|$", tail, maxsplit=1)[0]
+    head, rest = t[: m.start()], value_text
+    threshold = _threshold(value_text)
+    if "or more" == m[0].lower() or m[0].lower() in ("or less", "or fewer"):
+        # "3 or more failed logins": the threshold comes before the words
+        before = quantities(head)
+        if not before:
             return None
-        ahead = (relative["dir"] or "").lower() in ("next", "coming")  # a date to come: its age is negative
-        return Condition(
-            DURATION, lambda v, n=n, s=-1 if ahead else 1: 0 <= s * v <= n, frozenset(words(residue)), age=True
-        )
+        threshold, rest = before[-1], ""
+        head = head[: threshold.start] + " " + head[threshold.end :] + " " + value_text
+    if threshold is None:
+        return None
+    residue = head + " " + (rest[: threshold.start] + rest[threshold.end :] if rest else "")
+    if _CLAUSE.search(residue.replace("(inclusive)", "")):
+        return None
+    negated = bool(re.search(r"\bnot\s*$", head, re.IGNORECASE)) and not m[0].lower().startswith("not ")
+    age = threshold.kind == DURATION and bool(
+        (relative and relative["ago"])
+        or re.match(r"older|younger", m[0], re.IGNORECASE)
+        or re.search(r"\b(old|age|ago|since|opened|created|joined|registered)\b", residue, re.IGNORECASE)
+    )
+    subject, unit = words(residue), frozenset()
+    if threshold.kind == COUNT:  # "more than 3 failed logins": the words after say what is counted
+        counted = rest[threshold.end :] if rest else value_text
+        unit = frozenset(_ordered_words(counted)[:2])
+        subject |= words(counted)
+    test = lambda v, o=op, x=threshold.value, n=negated: o(v, x) != n
+    return Condition(threshold.kind, test, frozenset(subject), age, unit)
+
+
+def _within(t: str, relative: re.Match) -> Condition | None:
+    """ "within the last 30 days", "in the next 2 weeks": an age inside a window."""
+    n = float(relative["n"].replace(",", "")) * _DAYS_PER[relative["unit"].lower()]
+    residue = t[: relative.start()] + " " + t[relative.end() :]
+    if _CLAUSE.search(residue):
+        return None
+    ahead = (relative["dir"] or "").lower() in ("next", "coming")  # a date to come: its age is negative
+    sign = -1 if ahead else 1
+    test = lambda v, n=n, s=sign: 0 <= s * v <= n
+    return Condition(DURATION, test, frozenset(words(residue)), age=True)
+
+
+def _date_comparison(t: str) -> Condition | None:
+    """ "before March 3, 2026", "after 2025-01-01": a comparison with one date."""
     for pattern, op in _DATE_OPS:
         m = re.search(rf"\b(?:{pattern})\s+(?={_DATE.pattern})", t, re.IGNORECASE)
         if not m:
@@ -346,7 +362,7 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def decide(state_text: str, question: Noul | Choice | Score, today: dt.date | None = None) -> list[float] | None:
+def decide(state_text: str, question: AnyQuestion, today: dt.date | None = None) -> list[float] | None:
     """The exact distribution over the question's declared answers, or None to let the model answer."""
     found = reference_date(state_text)
     skip = found[1] if found else None

@@ -32,11 +32,10 @@ from typing import Any
 import httpx
 
 from .render import SYSTEM, render_question, render_text
-from .schema import Choice, Noul, Score
+from .schema import AnyQuestion, Choice, Noul
 
 log = logging.getLogger("prefill.fallback")
 UNSCORED_MASS = 0.1
-QuestionT = Noul | Choice | Score
 
 
 class FallbackError(RuntimeError):
@@ -63,7 +62,7 @@ class _Remote:
             raise FallbackError(f"{self.url}{path}: the reply is not JSON") from e
 
     def probabilities(
-        self, state: Any, questions: Mapping[str, QuestionT], reference_date: dt.date | None = None
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
     ) -> tuple[dict[str, list[float]], int, list[str]]:
         """The distributions it could give (declared order; noul: yes, no), the tokens it reports, and no
         early exits: the Engine's fallback interface. Questions it could not answer are left out."""
@@ -92,7 +91,7 @@ class SystemOneFallback(_Remote):
         return out, int((reply.get("usage") or {}).get("input_tokens") or 0), []
 
 
-def _distribution(q: QuestionT, answer: dict) -> list[float]:
+def _distribution(q: AnyQuestion, answer: dict) -> list[float]:
     if isinstance(q, Noul):
         p = float(answer["noul"])
         probs = [p, 1.0 - p]
@@ -123,7 +122,7 @@ class ChatFallback(_Remote):
                 log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, e)
         return out, tokens, []
 
-    def ask(self, state: Any, q: QuestionT, reference_date: dt.date | None = None) -> tuple[list[float], int]:
+    def ask(self, state: Any, q: AnyQuestion, reference_date: dt.date | None = None) -> tuple[list[float], int]:
         rendered = render_question(q)
         answers = list(rendered.answers)
         today = f"Today is {reference_date.isoformat()}.\n\n" if reference_date else ""

@@ -8,7 +8,7 @@ and each step runs layers k+1..L alone, state and question tree together so that
 state's keys and values too (`forward_from`). With the default 8 of 30 layers that is about a quarter of
 a forward (and its backward) per step, which is what makes it trainable on two CPU cores.
 
-The loss is training.objective (soft cross-entropy to the teacher/label mix, optionally + the RLCD term) on
+The loss is objective.objective (soft cross-entropy to the teacher/label mix, optionally + the RLCD term) on
 the scores of a linear head over the last layer plus α · log-likelihood, both trained together with the
 LoRA. Epochs are chosen on a family left out of training (so that what is kept is what carries over to
 families never seen), and the per-type temperatures are fitted on that family's predictions.
@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
-from . import training
+from . import fitting, training
 from .evaluate import Item, gold_index
+from .fitting import fit_temperatures
+from .objective import Batch, mixed_target, objective
 from .readout import TYPES, Readout, ReadoutConfig
-from .training import Batch, fit_temperatures, mixed_target, objective, question_key
+from .training import question_key
 
 # Every linear projection of a Llama/Qwen2/Mistral-style decoder layer.
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -44,7 +46,7 @@ class Unit:
 
     item: int
     family: str
-    inputs: object  # backends.causal_lm.TreeInputs
+    inputs: object  # backends.hidden.TreeInputs
     qtypes: list[str]
     gold: list[int]
     teacher: list[torch.Tensor | None]
@@ -171,27 +173,15 @@ def train(
         ReadoutConfig(kind="linear", layer=depth, hidden=hidden, use_base=True, model=model, fingerprint=fingerprint)
     )
     adapter = [p for p in peft_model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        [
-            {"params": adapter, "lr": lr, "weight_decay": 0.0},
-            {"params": [head.w], "lr": head_lr, "weight_decay": 0.1},
-            {"params": [head.alpha], "lr": head_lr, "weight_decay": 0.0},
-        ]
-    )
+    groups = [(adapter, lr, 0.0), ([head.w], head_lr, 0.1), ([head.alpha], head_lr, 0.0)]
+    opt = torch.optim.AdamW([{"params": ps, "lr": r, "weight_decay": wd} for ps, r, wd in groups])
     order = list(range(len(fit)))
     rng = random.Random(seed)
     history = [{"epoch": 0, "validation_log_loss": round(validation_loss(backend, head, validation), 4)}]
     best = (history[0]["validation_log_loss"], _snapshot(peft_model, head), 0)
     for epoch in range(1, epochs + 1):
         rng.shuffle(order)
-        head.train()
-        for k in order:
-            s, parts = scores(backend, head, fit[k])
-            loss = objective(s, fit[k].batch(*parts, label_weight=label_weight), rl_weight)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        head.eval()
+        _epoch(backend, head, opt, [fit[k] for k in order], label_weight, rl_weight)
         vloss = round(validation_loss(backend, head, validation), 4)
         history.append({"epoch": epoch, "validation_log_loss": vloss})
         if vloss < best[0]:
@@ -199,24 +189,25 @@ def train(
     _restore(peft_model, head, best[1])
     preds = predict(backend, head, validation)
     temperatures = fit_temperatures(head, [(p, t, g) for p, (t, g, _) in zip(preds, labels(validation))])
-    log = {
-        "kind": "lora",
-        "top_layers": top_layers,
-        "rank": rank,
-        "epochs_kept": best[2],
-        "history": history,
-        "temperatures": temperatures,
-        "train_questions": len(labels(fit)),
-        "validation_questions": len(labels(validation)),
-        "lr": lr,
-        "head_lr": head_lr,
-        "label_weight": label_weight,
-        "rl_weight": rl_weight,
-        "seed": seed,
-    }
+    settings = {"kind": "lora", "top_layers": top_layers, "rank": rank, "lr": lr, "head_lr": head_lr}
+    settings |= {"label_weight": label_weight, "rl_weight": rl_weight, "seed": seed}
+    log = settings | {"epochs_kept": best[2], "history": history, "temperatures": temperatures}
+    log |= {"train_questions": len(labels(fit)), "validation_questions": len(labels(validation))}
     head.cfg.adapter = "lora"
     head.cfg.notes.update(log)
     return peft_model, head, log
+
+
+def _epoch(backend, head: Readout, opt, units: Sequence[Unit], label_weight: float, rl_weight: float) -> None:
+    """One pass over `units` in the order given, one AdamW step per unit."""
+    head.train()
+    for unit in units:
+        s, parts = scores(backend, head, unit)
+        loss = objective(s, unit.batch(*parts, label_weight=label_weight), rl_weight)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    head.eval()
 
 
 def _snapshot(peft_model, head: Readout) -> tuple[dict, dict]:
@@ -284,7 +275,7 @@ def train_adapter(
     final.save(out / "final.json")
     report = {"final": log, "validation": held}
     if early:
-        examples = training.extract(backend, items, [early], teacher)
+        examples = fitting.extract(backend, items, [early], teacher)
         held_items = {u.item for u in validation}
         early_head, report["early"] = training.fit_early(
             [e for e in examples if e.item not in held_items],

@@ -68,7 +68,7 @@ class Readout(nn.Module):
             torch.ones(len(TYPES)) if cfg.use_base else torch.zeros(len(TYPES)), requires_grad=cfg.use_base
         )
         # Per-type temperatures, fitted after training on predictions for families the head did not see
-        # (training.fit_head); 1 while training.
+        # (fitting.fit_head); 1 while training.
         self.register_buffer("temperature", torch.ones(len(TYPES)))
 
     def forward(

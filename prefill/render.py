@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .schema import Choice, Noul, Score
+from .schema import AnyQuestion, Choice, Noul, Score
 
 SYSTEM = (
     "You answer questions about a text. Read the text, then answer the question with exactly one of "
@@ -92,7 +92,7 @@ class Rendered:
 
 
 def render_question(
-    q: Noul | Choice | Score, noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS
+    q: AnyQuestion, noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS
 ) -> Rendered:
     if isinstance(q, Noul):
         return _render_noul(q, *ANSWER_WORDS[noul_words])
@@ -278,7 +278,7 @@ class Renderer:
     def state(self, state: Any) -> list[int]:
         return self._trusted(self.format.head) + self._user(render_text(state))
 
-    def question(self, q: Noul | Choice | Score) -> Branches:
+    def question(self, q: AnyQuestion) -> Branches:
         r = render_question(q, self.noul_words, self.score_words)
         prompt = self._user(self.format.between + r.prompt) + self._trusted(self.format.tail)
         end = self._trusted(self.format.end)

@@ -74,7 +74,8 @@ class Score(_Question):
     criteria: Annotated[list[Text], Field(min_length=2, max_length=MAX_SCORE_LEVELS)]
 
 
-Question = Annotated[Union[Noul, Choice, Score], Field(discriminator="type")]
+Question = Annotated[Union[Noul, Choice, Score], Field(discriminator="type")]  # as the wire reads it
+AnyQuestion = Noul | Choice | Score  # the same, for type hints and isinstance
 
 
 class SystemOneRequest(BaseModel):
@@ -146,6 +147,6 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
-def wire_questions(raw: Any) -> dict[str, Noul | Choice | Score]:
+def wire_questions(raw: Any) -> dict[str, AnyQuestion]:
     """Questions given as JSON ({id: question}, as in a request): validated by exactly the request's rules."""
     return dict(SystemOneRequest.model_validate({"model": "-", "state": "", "questions": raw}).questions)

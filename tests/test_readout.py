@@ -10,7 +10,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from prefill import training
+from prefill import fitting, training
 from prefill.engine import Engine
 from prefill.evaluate import Item
 from prefill.readout import Readout, ReadoutConfig, Readouts
@@ -148,18 +148,18 @@ def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
                 {"a": angry, "s": 2 if angry else 0},
             )
         )
-    examples = training.extract(backend, items, [1, 2])
+    examples = fitting.extract(backend, items, [1, 2])
     train_ids, val_ids = set(range(16)), set(range(16, 24))
     train = [e for e in examples if e.item in train_ids]
     val = [e for e in examples if e.item in val_ids]
     before = [
         max(range(len(p)), key=p.__getitem__) == e.gold
-        for p, e in zip(training.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)
+        for p, e in zip(fitting.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)
     ]
     final, early, report = training.fit_readouts(
         train, [1, 2], kind="linear", model="tiny", fingerprint="", rl_weight=rl_weight, label_weight=1.0
     )
-    after = [max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(training.predict(final, val, 1), val)]
+    after = [max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(fitting.predict(final, val, 1), val)]
     assert sum(after) == len(val) and sum(after) > sum(before)
     assert early is not None and early.cfg.exit_threshold is not None and "exit_fraction" in report["early"]
     # one family (a user's own task): the model selection holds items out, so it has a real validation loss
@@ -183,7 +183,7 @@ def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, token
         )
         for i in range(30)
     ]
-    examples = training.extract(backend, items, [2])
+    examples = fitting.extract(backend, items, [2])
     final, early, report = training.fit_readouts(
         examples, [2], kind="linear", model="tiny", fingerprint="", rl_weight=0.0, label_weight=1.0
     )

@@ -75,11 +75,6 @@ class Backend:
         pass
 
 
-def score_many(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Branches]]]) -> list[list[list[float]]]:
-    """`backend.score` for each (state, questions) job, in shared passes where the backend can."""
-    return backend.score_many(jobs)
-
-
 class ReadoutUnsupported(ValueError):
     """A request a trained readout cannot score exactly with this backend's settings (a 400, not a 500)."""
 

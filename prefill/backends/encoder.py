@@ -40,10 +40,10 @@ from typing import Any
 import torch
 
 from ..render import Branches, _inline, render_text
-from ..schema import Choice, Noul, Score
+from ..schema import AnyQuestion, Choice, Noul, Score
 from .base import Backend, RequestTooLarge
-from .causal_lm import Features
 from .cpu import pack_linears
+from .tree import Features
 
 # Model types read as bidirectional encoders (auto-detected: `--route auto`).
 ENCODER_TYPES = {
@@ -86,7 +86,7 @@ class EncoderRenderer:
     def state(self, state: Any) -> list[int]:
         return list(self._ids(render_text(state)))
 
-    def question(self, q: Noul | Choice | Score) -> Slots:
+    def question(self, q: AnyQuestion) -> Slots:
         """The question's tokens, and each option's (declared order; noul: yes, no; score: its levels)."""
         if isinstance(q, Noul):
             text = (

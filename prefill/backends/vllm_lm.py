@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM, Branches, Renderer
+from ..render import Branches, Renderer
 from .base import Backend
 
 NO_READOUTS = (
@@ -93,18 +93,15 @@ class VLLMBackend(Backend):
         dtype: str = "float32",
         description: str = "",
         release_date: str = "",
-        chat: bool | None = None,
-        system: bool = DEFAULT_SYSTEM,
-        noul_words: str = DEFAULT_NOUL_WORDS,
-        score_words: str = DEFAULT_SCORE_WORDS,
         fingerprint: str = "",
         max_model_len: int | None = None,
         block_size: int | None = None,
         llm_options: dict | None = None,
+        **prompt,
     ):
+        """`prompt`: the Renderer's options (chat, system, noul_words, score_words; render.py)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KV_CACHE_GIB))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are about tuning, not us
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
@@ -112,7 +109,7 @@ class VLLMBackend(Backend):
         self.fingerprint = fingerprint
         self.description = description or f"{name} (vLLM, one prefill pass)"
         self.release_date = release_date
-        self.renderer = Renderer(tokenizer, chat=chat, system=system, noul_words=noul_words, score_words=score_words)
+        self.renderer = Renderer(tokenizer, **prompt)
         options = dict(
             model=str(directory),
             tokenizer=str(directory),
@@ -127,20 +124,7 @@ class VLLMBackend(Backend):
             # means shorter recomputed tails (vLLM's CPU default is 128).
             block_size=block_size or (32 if cpu else None),
         )
-        before = _children()
-        self.llm = LLM(**{k: v for k, v in {**options, **(llm_options or {})}.items() if v is not None})
-        # vLLM's engine core is a child process that outlives this one unless told to stop (seen: after
-        # `prefill serve` ended on SIGTERM, the orphaned core and its worker kept two cores half busy). A
-        # normal exit stops it (atexit; the server's shutdown calls close()); a killed process cannot, so a
-        # tiny watcher process stops the core when this process is gone (the core's workers follow it).
-        atexit.register(self.close)
-        subprocess.Popen(
-            [sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, _children() - before)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._start({k: v for k, v in {**options, **(llm_options or {})}.items() if v is not None})
         self.max_context = self.llm.llm_engine.model_config.max_model_len
         # One token through the model now: a configuration vLLM's kernels cannot run (a CPU takes no 16-wide
         # attention heads, say) fails at start-up rather than on the first request.
@@ -149,6 +133,21 @@ class VLLMBackend(Backend):
         self.sequences_run = 0  # sequences sent
         self.tokens_run = 0  # tokens vLLM computed for them (prompt tokens not found in its prefix cache)
         self.stale_reruns = 0  # outputs whose cache hit reached the row read, run again (expected: 0)
+
+    def _start(self, options: dict) -> None:
+        """vLLM's engine, and a watcher for its engine core: a child process that outlives this one unless
+        told to stop (seen: after `prefill serve` ended on SIGTERM, the orphaned core and its worker kept two
+        cores half busy). A normal exit stops it (atexit; the server's shutdown calls close()); a killed
+        process cannot, so a tiny watcher process stops the core when this process is gone (the core's
+        workers follow it)."""
+        from vllm import LLM
+
+        before = _children()
+        self.llm = LLM(**options)
+        atexit.register(self.close)
+        watcher = [sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, _children() - before)]
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.Popen(watcher, start_new_session=True, **quiet)
 
     def close(self) -> None:
         """Stop vLLM's engine core and its workers (idempotent)."""

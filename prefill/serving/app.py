@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends.base import ReadoutUnsupported
-from ..engine import Engine, RequestTooLarge
+from ..engine import Engine, EngineRequest, RequestTooLarge
 from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
 from .scheduler import (
     DEFAULT_MAX_BATCH,
@@ -234,7 +234,7 @@ def metrics(request: Request):
 async def systemone(req: SystemOneRequest, request: Request):
     ctx: _Context = request.app.state.prefill
     e = ctx.slot.get().engine(req.model)
-    call = (req.state, req.questions, req.x_reference_date)
+    call = EngineRequest(req.state, req.questions, req.x_reference_date)
     try:
         job = ctx.scheduler.submit(e, call)
     except Overloaded as err:

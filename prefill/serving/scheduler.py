@@ -7,7 +7,7 @@ being held until its client gives up. Counting the running batch bounds what a c
 request is answered within about `max_queue` requests' service time. A request
 still queued at its deadline is dropped (503) rather than computed for nobody, and so is one whose client
 disconnects. One worker thread takes the oldest request and, with batching on, every other waiting one
-for the same engine (up to `max_batch`), and runs them in shared passes (Engine.score_many: each answer
+for the same engine (up to `max_batch`), and runs them in shared passes (Engine.score_requests: each answer
 equals its answer alone). Everything accepted is answered or refused with a reason: nothing is lost.
 
 The worker runs the model part only; the rest (the fallback's remote calls, building the answers) runs
@@ -24,7 +24,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..engine import Engine, Request, Scored
+from ..engine import Engine, EngineRequest, Scored
 
 # 4 requests in per core: the default model answers about one request (three questions) a second on 2
 # cores, so a full queue is ~8 s of work, inside the official SDK's 10 s timeout; a longer queue only makes
@@ -62,7 +62,7 @@ class DeadlineExceeded(Exception):
 @dataclass(eq=False)
 class Job:
     engine: Engine
-    request: Request
+    request: EngineRequest
     future: Future = field(default_factory=Future)  # a Scored, or the request's exception
     enqueued: float = field(default_factory=time.monotonic)
 
@@ -98,7 +98,7 @@ class Scheduler:
         """Seconds until the requests in now have been worked off (at least 1)."""
         return max(1, math.ceil((self.depth + self._running + 1) * self._seconds_per_request))
 
-    def submit(self, engine: Engine, request: Request) -> Job:
+    def submit(self, engine: Engine, request: EngineRequest) -> Job:
         """Queue a request, or refuse it at once (Overloaded) when `max_queue` are already in."""
         with self._cond:
             if self._worker is None or not self._worker.is_alive():
@@ -165,7 +165,7 @@ class Scheduler:
                 continue
             start = time.monotonic()
             try:
-                found: list[Scored | Exception] = batch[0].engine.score_many([j.request for j in batch])
+                found: list[Scored | Exception] = batch[0].engine.score_requests([j.request for j in batch])
             except Exception as e:  # noqa: BLE001 — a failed pass fails its requests, never the worker
                 found = [e] * len(batch)
             seconds = time.monotonic() - start

@@ -1,0 +1,270 @@
+"""Fitting one readout head on cached features: the examples (hidden states from the engine's own packed
+pass, computed once), batches, training with weight decay and epochs chosen on held-out data (`choose`: leave
+one family out for several families, 5-fold over items for one task), predictions and temperatures. What
+`prefill train` does with them, and the early-exit head: training.py; the loss: objective.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from .calibration import fit_temperature, rescale
+from .evaluate import Item, answer_labels, gold_index
+from .objective import Batch, masked_log_softmax, mixed_target, objective
+from .readout import TYPES, Readout, ReadoutConfig
+
+
+@dataclass
+class Example:
+    """One question's cached features (from the student) and its training target."""
+
+    item: int
+    family: str
+    qtype: str
+    decision: torch.Tensor  # (n_layers, H)
+    options: torch.Tensor  # (N, n_layers, H)
+    loglik: torch.Tensor  # (N,)
+    gold: int
+    labels: list[str]
+    teacher: torch.Tensor | None = None  # (N,) the teacher's distribution, if there is one
+
+
+def question_key(state, question) -> str:
+    """What identifies a question about a state across files: its content, never its id."""
+    q = question.model_dump(mode="json", exclude_none=True)
+    return json.dumps([state, q], sort_keys=True, ensure_ascii=False)
+
+
+def extract(
+    backend,
+    items: Sequence[Item],
+    layers: Sequence[int],
+    teacher: dict[str, list[float]] | None = None,
+    progress: str = "features",
+) -> list[Example]:
+    """The student's features for every question (one packed pass per item, as served)."""
+    out = []
+    for i, item in enumerate(tqdm(items, desc=progress, unit="item", file=sys.stderr)):
+        qids = list(item.questions)
+        branches = [backend.renderer.question(item.questions[q]) for q in qids]
+        feats = backend.features(backend.renderer.state(item.state), branches, layers)
+        for qid, f in zip(qids, feats):
+            q = item.questions[qid]
+            t = teacher.get(question_key(item.state, q)) if teacher else None
+            out.append(
+                Example(
+                    i,
+                    item.family,
+                    q.type,
+                    f.decision,
+                    f.options,
+                    torch.tensor(f.loglik, dtype=torch.float32).clamp(min=-1e4),
+                    gold_index(q, item.gold[qid]),
+                    answer_labels(q),
+                    torch.tensor(t, dtype=torch.float32) if t is not None else None,
+                )
+            )
+    return out
+
+
+def target(e: Example, label_weight: float) -> torch.Tensor:
+    return mixed_target(len(e.labels), e.gold, e.teacher, label_weight)
+
+
+def batch(examples: Sequence[Example], layer: int, label_weight: float) -> Batch:
+    """Examples padded to the most answers among them; `layer` indexes the cached layers."""
+    n = max(len(e.labels) for e in examples)
+    B, H = len(examples), examples[0].decision.shape[-1]
+    b = Batch(
+        torch.tensor([TYPES.index(e.qtype) for e in examples]),
+        torch.stack([e.decision[layer] for e in examples]),
+        torch.zeros(B, n, H),
+        torch.zeros(B, n),
+        torch.zeros(B, n, dtype=torch.bool),
+        torch.zeros(B, n),
+        torch.tensor([e.qtype == "score" for e in examples]),
+    )
+    for i, e in enumerate(examples):
+        k = len(e.labels)
+        b.options[i, :k] = e.options[:, layer]
+        b.loglik[i, :k] = e.loglik
+        b.mask[i, :k] = True
+        b.target[i, :k] = target(e, label_weight)
+    return b
+
+
+def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], str, int]]) -> dict:
+    """A temperature per question type (when it has ≥ 20 questions) from (probabilities, type, gold) of
+    questions whose family the head did not train on."""
+    for i, qtype in enumerate(TYPES):
+        preds = [(p, g) for p, t, g in out_of_family if t == qtype]
+        if len(preds) >= 20:
+            head.temperature[i] = fit_temperature(preds)
+    return {t: round(x, 4) for t, x in zip(TYPES, head.temperature.tolist())}
+
+
+def train_head(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float = 0.0,
+    label_weight: float = 0.5,
+    epochs: int = 400,
+    lr: float = 1e-2,
+    weight_decay: float = 0.1,
+    group: int = 8,
+    sigma: float = 1.0,
+    seed: int = 0,
+    validation: Sequence[Example] = (),
+    patience: int = 50,
+) -> tuple[Readout, dict]:
+    """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
+    log loss (against the gold label) is kept, and training stops `patience` epochs after it. Weight decay
+    pulls the head towards zero, that is towards the training-free answer (α, the weight of the
+    log-likelihood, is not decayed)."""
+    torch.manual_seed(seed)
+    head = Readout(cfg)
+    weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
+    groups = [{"params": weights, "weight_decay": weight_decay}]
+    if cfg.use_base:
+        groups.append({"params": [head.alpha], "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=lr)
+    b = batch(examples, layer, label_weight)
+    v = batch(validation, layer, 1.0) if validation else None
+    best = (math.inf, None, -1)
+    for epoch in range(epochs):
+        head.train()
+        s = head(b.qtype, b.decision, b.options, b.loglik)
+        loss = objective(s, b, rl_weight, group, sigma)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
+            head.eval()
+            with torch.no_grad():
+                vloss = float(objective(head(v.qtype, v.decision, v.options, v.loglik), v))
+            if vloss < best[0]:
+                best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
+            elif epoch + 1 - best[2] >= patience:
+                break
+    if best[1] is not None:
+        head.load_state_dict(best[1])
+    return head.eval(), {"epochs_kept": best[2] if best[1] is not None else epochs, "validation_log_loss": best[0]}
+
+
+WEIGHT_DECAYS = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[str, list[tuple[list, list]]]:
+    """How the model selection holds data out. Several families: leave one family out, so the choice
+    favours heads that carry over to families they never saw. One family (a user's own task): k-fold over
+    its items (all questions of an item on the same side), so every item is scored once by a head that did
+    not see it and a small data set is not judged on a handful of validation items."""
+    families = sorted({e.family for e in examples})
+    if len(families) > 1:
+        return "leave-one-family-out", [
+            ([e for e in examples if e.family != f], [e for e in examples if e.family == f]) for f in families
+        ]
+    items = sorted({e.item for e in examples})
+    random.Random(seed).shuffle(items)
+    k = max(2, min(k, len(items)))
+    fold_of = {item: i % k for i, item in enumerate(items)}
+    return f"{k}-fold over items", [
+        ([e for e in examples if fold_of[e.item] != f], [e for e in examples if fold_of[e.item] == f]) for f in range(k)
+    ]
+
+
+def choose(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float,
+    label_weight: float,
+    grid: Sequence[float] = WEIGHT_DECAYS,
+    progress: str | None = None,
+) -> tuple[dict, list]:
+    """Weight decay and epochs chosen on held-out data (`folds_of`). Also returns the chosen setting's
+    out-of-fold (probabilities, example) pairs: every example scored by a head that did not train on it."""
+    how, folds = folds_of(examples)
+    folds = [(fit, val) for fit, val in folds if fit and val]
+    if not folds:
+        raise ValueError("training needs at least two items (or two families) to hold one out")
+    results, out_of_fold = [], {}
+    bar = tqdm(
+        total=len(grid) * len(folds),
+        desc=progress or "model selection",
+        unit="fit",
+        file=sys.stderr,
+        disable=progress is None,
+    )
+    for wd in grid:
+        runs = []
+        for fit, val in folds:
+            runs.append(
+                train_head(
+                    fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd, validation=val
+                )
+            )
+            bar.update()
+        logs = [log for _, log in runs]
+        held = sum(len(val) for _, val in folds)
+        loss = sum(lg["validation_log_loss"] * len(val) for lg, (_, val) in zip(logs, folds)) / held
+        epochs = round(sum(lg["epochs_kept"] for lg in logs) / len(logs))
+        results.append({"weight_decay": wd, "epochs": epochs, "held_out_log_loss": round(loss, 4)})
+        out_of_fold[wd] = [
+            pair for (head, _), (_, val) in zip(runs, folds) for pair in zip(predict(head, val, layer), val)
+        ]
+    bar.close()
+    best = min(results, key=lambda r: r["held_out_log_loss"])
+    return best | {"held_out": how, "grid": results}, out_of_fold[best["weight_decay"]]
+
+
+def fit_head(
+    examples: Sequence[Example],
+    cfg: ReadoutConfig,
+    layer: int,
+    *,
+    rl_weight: float,
+    label_weight: float,
+    seed: int = 0,
+    progress: str | None = None,
+) -> tuple[Readout, dict, list]:
+    """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs, then
+    fit a temperature per question type on the out-of-fold predictions, so the head's probabilities are
+    calibrated for data it did not see, not for its training data. Returns the out-of-fold predictions too."""
+    chosen, out_of_fold = choose(
+        examples, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, progress=progress
+    )
+    head, _ = train_head(
+        examples,
+        cfg,
+        layer,
+        rl_weight=rl_weight,
+        label_weight=label_weight,
+        weight_decay=chosen["weight_decay"],
+        epochs=max(chosen["epochs"], 1),
+        seed=seed,
+    )
+    chosen["temperatures"] = fit_temperatures(head, [(p, e.qtype, e.gold) for p, e in out_of_fold])
+    # the out-of-fold predictions under those temperatures (what exit thresholds are fitted on)
+    calibrated = [(rescale(p, float(head.temperature[TYPES.index(e.qtype)])), e) for p, e in out_of_fold]
+    return head, chosen, calibrated
+
+
+def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list[float]]:
+    if not examples:
+        return []
+    b = batch(examples, layer, 1.0)
+    with torch.no_grad():
+        p = masked_log_softmax(head(b.qtype, b.decision, b.options, b.loglik), b.mask).exp()
+    return [p[i, : len(e.labels)].tolist() for i, e in enumerate(examples)]
