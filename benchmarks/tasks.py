@@ -20,6 +20,7 @@ PMI with a weight on the prior, contextual) and every calibration is measured fr
     python -m benchmarks.tasks --model qwen2.5-coder-1.5b-instruct --out out/tasks-qwen15     # 4 min in bf16
     python -m benchmarks.tasks --report out/tasks-qwen05 out/tasks-qwen15      # tables from saved scores
     python -m benchmarks.tasks --compare out/tasks-qwen05 out/tasks-qwen15     # the runs side by side
+    python -m benchmarks.tasks --generate 16 --out out/tasks-qwen15   # the model generating its answers instead
 """
 
 from __future__ import annotations
@@ -391,6 +392,59 @@ def run(args) -> None:
     report([out])
 
 
+def generate(args) -> None:
+    """The same model generating its answers (greedy, after prefill's own prompt, parsed to a declared option:
+    evaluate.generated_answer) for the first `--generate` texts of each task of a saved run, then those
+    questions side by side with prefill's served answers."""
+    from tqdm import tqdm
+
+    from prefill import loading
+    from prefill.backends.causal_lm import CausalLMBackend
+    from prefill.evaluate import generated_answer, parse_questions
+
+    out = Path(args.out)
+    meta, _ = load(out)
+    source = loading.resolve(meta["model"], meta["dtype"])
+    model, tokenizer = loading.load(source, meta["dtype"])
+    backend = CausalLMBackend(model, tokenizer, source.name)
+    with open(out / "generated.jsonl", "w", encoding="utf-8") as f:
+        for name in meta["tasks"]:
+            chosen = items(TASKS[name], meta["items"], meta["seed"])[: args.generate]
+            for text, asked in tqdm(chosen, desc=f"generating: {name}", unit="text", file=sys.stderr):
+                state = backend.renderer.state(text)
+                parsed = parse_questions({a.qid: a.question for a in asked})
+                for a in asked:
+                    guess = generated_answer(backend, state, parsed[a.qid])
+                    row = {"task": a.task, "qid": a.qid, "type": a.question["type"], "item": a.item, "gold": a.gold}
+                    f.write(json.dumps(row | {"guess": guess}) + "\n")
+    generation_table(out)
+
+
+def generation_table(out: Path) -> dict:
+    """Per task x type, on the questions generated: the model generating its answer (accuracy, share parsed)
+    against prefill's served answer to the same questions (raw, top answer)."""
+    from prefill.scoring import DEFAULT
+
+    meta, rows = load(out)
+    generated = [json.loads(line) for line in (out / "generated.jsonl").read_text().splitlines()]
+    served = {(r["task"], r["item"], r["qid"]): r for r in rows}
+    print(f"\n## {meta['model']}: generating the answer vs one prefill pass, the same questions\n")
+    print("| task | type | n | generating: accuracy (parsed) | prefill: accuracy |\n|---|---|---|---|---|")
+    result, gen_means, ours_means = {}, [], []
+    for (task, qtype), g in grouped(generated, lambda r: (r["task"], r["type"])).items():
+        mine = [served[(r["task"], r["item"], r["qid"])] for r in g]
+        probs = softmax_rows(mine, DEFAULT[qtype])
+        ours = sum(max(range(len(p)), key=p.__getitem__) == r["gold"] for p, r in zip(probs, mine)) / len(g)
+        gen = sum(r["guess"] == r["gold"] for r in g) / len(g)
+        parsed = sum(r["guess"] is not None for r in g) / len(g)
+        result[f"{task}|{qtype}"] = {"n": len(g), "generating": gen, "parsed": parsed, "prefill": ours}
+        gen_means.append(gen)
+        ours_means.append(ours)
+        print(f"| {task} | {qtype} | {len(g)} | {gen:.2f} ({parsed:.2f}) | {ours:.2f} |")
+    print(f"| mean | | | {mean(gen_means):.3f} | {mean(ours_means):.3f} |")
+    return result
+
+
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -482,12 +536,12 @@ def side_by_side(outs: list[Path]) -> None:
         ms = [task_metrics(c[key], softmax_rows(c[key], DEFAULT[key[1]])) for c in cells]
         for k, m in enumerate(ms):
             means[k].append(headline(m))
-        second = lambda m: (
-            (f", AUC {m['auc']:.2f}" if "auc" in m else "")
-            + (  # noqa: E731
+
+        def second(m: dict) -> str:
+            return (f", AUC {m['auc']:.2f}" if "auc" in m else "") + (
                 f", ρ {m['spearman']:.2f}" if "spearman" in m else ""
             )
-        )
+
         print(
             f"| {key[0]} | {key[1]} | {len(first)} | {ms[0]['majority']:.2f} / {ms[0]['chance']:.2f} | "
             + " | ".join(f"{headline(m):.2f}{second(m)}, ECE {m['ece']:.2f}" for m in ms)
@@ -506,8 +560,17 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")
     ap.add_argument("--compare", nargs="+", default=None, help="saved runs side by side, served scoring")
+    ap.add_argument(
+        "--generate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --out of a saved run: the model generates its answers for the first N texts a task",
+    )
     args = ap.parse_args()
-    if args.compare:
+    if args.generate:
+        generate(args)
+    elif args.compare:
         side_by_side([Path(p) for p in args.compare])
     elif args.report:
         report([Path(p) for p in args.report])

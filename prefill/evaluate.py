@@ -159,31 +159,35 @@ def fit(model: str, fingerprint: str, scored: Sequence[LabelledAnswer], buckets:
 
 def generate_baseline(engine: Engine, items: Sequence[Item], max_new_tokens: int = 12) -> dict:
     """The same prompt as prefill's, but the model generates its answer (greedy) and the text is parsed."""
-    backend = engine.backend
-    r = backend.renderer
-    tok = r.tokenizer
+    r = engine.backend.renderer
     hits: dict[str, list[bool]] = defaultdict(list)
     parsed: dict[str, list[bool]] = defaultdict(list)
     for item in tqdm(items, desc="generating (baseline)", unit="item", file=sys.stderr):
         state = r.state(item.state)
         for qid, q in item.questions.items():
-            ids = torch.tensor([state + list(r.question(q).prompt)])
-            with torch.inference_mode():
-                out = backend.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=tok.eos_token_id,
-                )
-            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-            guess = parse_answer(q, text)
+            guess = generated_answer(engine.backend, state, q, max_new_tokens)
             parsed[q.type].append(guess is not None)
             hits[q.type].append(guess == gold_index(q, item.gold[qid]))
     return {
         t: {"n": len(v), "accuracy": round(sum(v) / len(v), 4), "parsed": round(sum(parsed[t]) / len(v), 4)}
         for t, v in sorted(hits.items())
     }
+
+
+def generated_answer(backend, state_ids: Sequence[int], q: AnyQuestion, max_new_tokens: int = 12) -> int | None:
+    """The declared answer the model generates (greedy) after prefill's own prompt for `q`, or None when
+    its text starts with none of them."""
+    tok = backend.renderer.tokenizer
+    ids = torch.tensor([list(state_ids) + list(backend.renderer.question(q).prompt)])
+    with torch.inference_mode():
+        out = backend.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.eos_token_id,
+        )
+    return parse_answer(q, tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
 
 
 def parse_answer(q: AnyQuestion, text: str) -> int | None:

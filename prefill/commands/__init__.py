@@ -10,7 +10,7 @@ import importlib
 from ..settings import Settings
 from .common import check_vllm, usage_error
 
-COMMANDS = ("serve", "ask", "batch", "eval", "calibrate", "train", "record", "bench")
+COMMANDS = ("serve", "ask", "batch", "eval", "calibrate", "train", "record", "bench", "distill")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,140 @@
+"""`prefill distill` on real tasks (benchmarks/tasks.py's data): each task's texts written as unlabelled rows
+(the gold label in a field the student never trains on), one question a task, the teacher a bigger model, the
+student a fast one; then the held-out reports side by side.
+
+    # the teacher: Qwen2.5-Coder-1.5B through prefill; the student: all-MiniLM-L6-v2 with a head (encoder route)
+    python -m benchmarks.distill_tasks --teacher-model qwen2.5-coder-1.5b-instruct --model all-minilm-l6-v2 \\
+        --out out/distill
+    # the teacher: llama.cpp's server on the 1.5B GGUF (OpenAI-compatible), started here
+    python -m benchmarks.distill_tasks --llama-server --tasks language --rows 120 --model all-minilm-l6-v2 \\
+        --out out/distill-llamacpp
+    python -m benchmarks.distill_tasks --report out/distill out/distill-llamacpp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .tasks import TASKS, items
+
+# One question a task: the form a user would ask it in.
+ASKED = {"language": "which", "spam": "kind", "fr_reviews": "sentiment", "drugs": "opinion"}
+
+
+def write_task(name: str, rows: int, seed: int, folder: Path) -> tuple[Path, Path]:
+    """rows.jsonl ({text, gold}) and questions.json for one task, as many texts of each label."""
+    task = TASKS[name]
+    phrasing = next(p for p in task.phrasings if p.qid == ASKED[name])
+    folder.mkdir(parents=True, exist_ok=True)
+    data, q = folder / "rows.jsonl", folder / "questions.json"
+    with open(data, "w", encoding="utf-8") as f:
+        for text, asked in items(task, rows, seed):
+            gold = next(a.gold for a in asked if a.qid == phrasing.qid)
+            label = _label(phrasing.question, gold)
+            f.write(json.dumps({"text": text, "gold": label}, ensure_ascii=False) + "\n")
+    q.write_text(json.dumps({phrasing.qid: phrasing.question}, ensure_ascii=False))
+    return data, q
+
+
+def _label(question: dict, index: int):
+    criteria = question.get("criteria")
+    if question["type"] == "noul":
+        return index == 0
+    if question["type"] == "choice":
+        return list(criteria)[index]
+    return index
+
+
+def run(args) -> None:
+    teacher = ["--teacher-model", args.teacher_model] if args.teacher_model else []
+    server = None
+    if args.llama_server:
+        server, teacher = llama_teacher(args)
+    try:
+        for name in args.tasks.split(","):
+            folder = Path(args.out) / name
+            data, q = write_task(name, args.rows, args.seed, folder)
+            print(f"distilling {name} ({args.rows} rows) into {folder} ...", file=sys.stderr, flush=True)
+            command = [
+                sys.executable,
+                "-m",
+                "prefill.cli",
+                "distill",
+                str(data),
+                "--questions",
+                f"@{q}",
+                "--state-field",
+                "text",
+                "--gold-field",
+                "gold",
+                "--out",
+                str(folder),
+                *teacher,
+            ]
+            command += ["--model", args.model] if args.model else []
+            subprocess.run(command + ["--dtype", args.dtype], check=True, stdout=subprocess.DEVNULL)
+    finally:
+        if server is not None:
+            server.__exit__()
+    report([Path(args.out)])
+
+
+def llama_teacher(args):
+    """llama.cpp's server on the 1.5B GGUF, as an OpenAI-compatible teacher (one request at a time)."""
+    import torch
+
+    from prefill.generation import LlamaServer, llama_server_binary
+    from prefill.loading import resolve
+
+    gguf = resolve("qwen2.5-coder-1.5b-instruct").location
+    server = LlamaServer(llama_server_binary(), gguf, torch.get_num_threads()).__enter__()
+    url = f"http://127.0.0.1:{server.port}"
+    return server, ["--teacher", url, "--teacher-kind", "openai", "--teacher-model", "qwen", "--concurrency", "1"]
+
+
+def report(outs: list[Path]) -> None:
+    print(
+        "| run | task | held-out questions | agreement with the teacher | student / teacher accuracy (gold) | "
+        "seconds a row: student / teacher (speed-up) | cascade: escalated for 95 % agreement |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for out in outs:
+        for path in sorted(out.glob("*/distill.json")):
+            r = json.loads(path.read_text())
+            h, t = r["held_out"], r["teacher_answers"]
+            speed = t["seconds_per_row"] / h["student_seconds_per_row"]
+            c = h["cascade_for_target"]
+            cascade = f"{c['escalated']:.0%} (threshold {c['threshold']:.2f})" if "escalated" in c else "not reached"
+            print(
+                f"| {out.name} | {path.parent.name} | {h['questions']} | {h['agreement']:.3f} | "
+                f"{h.get('student_accuracy', float('nan')):.3f} / {h.get('teacher_accuracy', float('nan')):.3f} | "
+                f"{h['student_seconds_per_row']:.3f} / {t['seconds_per_row']:.3f} ({speed:.0f}x) | {cascade} |"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="language,spam,fr_reviews")
+    ap.add_argument("--rows", type=int, default=240, help="texts a task, as many of each label")
+    ap.add_argument("--seed", type=int, default=1, help="1: other texts than the suite's (seed 0)")
+    ap.add_argument("--teacher-model", default=None, help="a model prefill loads as the teacher")
+    ap.add_argument("--llama-server", action="store_true", help="the teacher: llama.cpp's server on the 1.5B GGUF")
+    ap.add_argument("--model", default=None, help="the student (prefill's --model)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", nargs="+", default=None, help="only print the table of saved runs")
+    args = ap.parse_args()
+    if args.report:
+        report([Path(p) for p in args.report])
+    elif not args.out or not (args.teacher_model or args.llama_server):
+        ap.error("--out and a teacher (--teacher-model or --llama-server) are needed to run")
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""prefill distill: a slow model that answers well teaches a fast prefill on the user's own unlabelled rows
+(prefill/distill.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..settings import Settings
+from .common import build_prefill, read_arg
+
+HELP = "teach a fast prefill head from a slower model's answers on your own rows"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="rows: .jsonl, .csv or .parquet (read as prefill batch reads them)")
+    p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
+    p.add_argument("--state-field", default=None, help="the field that is the state (default: the whole record)")
+    p.add_argument(
+        "--gold-field",
+        default=None,
+        help="a field with gold labels ({question id: label}, or the label for one question): both "
+        "accuracies are reported on the held-out rows",
+    )
+    p.add_argument(
+        "--teacher",
+        default=None,
+        metavar="URL",
+        help="the teacher's base URL: an OpenAI-compatible chat server (--teacher-kind openai: vLLM, "
+        "llama.cpp's server, Ollama, a hosted API) or a System One server",
+    )
+    p.add_argument("--teacher-kind", default="openai", choices=["openai", "systemone"])
+    p.add_argument(
+        "--teacher-model",
+        default=None,
+        help="with --teacher: the model name the server serves; without: a model prefill loads here "
+        "as the teacher (e.g. qwen2.5-coder-1.5b-instruct)",
+    )
+    p.add_argument("--teacher-key", default=None, help="Bearer key for --teacher")
+    p.add_argument("--teacher-timeout", type=float, default=120.0, help="seconds per teacher request (default 120)")
+    p.add_argument("--concurrency", type=int, default=4, help="teacher requests at once (a remote teacher; default 4)")
+    p.add_argument("--rate", type=float, default=None, help="at most this many teacher requests a second")
+    p.add_argument("--retries", type=int, default=2, help="retries per row before it is recorded as failed")
+    p.add_argument("--holdout", type=float, default=0.2, help="share of rows held out for the report (default 0.2)")
+    p.add_argument(
+        "--target-agreement",
+        type=float,
+        default=0.95,
+        help="the cascade's target: the threshold escalating fewest questions that reaches it",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--out",
+        required=True,
+        help="a folder: the head (what prefill serve --readout takes), teacher.jsonl (rerun the same "
+        "command to continue) and distill.json (the report)",
+    )
+
+
+def teacher_of(args, settings: Settings):
+    """The remote teacher, or a model prefill loads as the teacher."""
+    from ..api import Prefill
+    from ..fallback import remote
+
+    if args.teacher:
+        return remote(
+            args.teacher,
+            args.teacher_kind,
+            model=args.teacher_model,
+            api_key=args.teacher_key,
+            timeout=args.teacher_timeout,
+        )
+    if not args.teacher_model:
+        raise ValueError("give the teacher: --teacher URL, or --teacher-model NAME for a model prefill loads")
+    return Prefill(settings=settings.replace(model=args.teacher_model, readouts=(), fallback_below=None)).engine
+
+
+def run(settings: Settings, args) -> int:
+    from .. import distill, training
+    from ..batch import BatchError, load_questions
+
+    out = Path(args.out)
+    try:
+        questions = load_questions(read_arg(args.questions, as_json=True))
+        rows, skipped = distill.read_distill_rows(Path(args.input), questions, args.state_field, args.gold_field)
+        if len(rows) < 2:
+            raise ValueError(f"{args.input}: {len(rows)} readable rows; distilling needs at least two")
+        journal = distill.Journal(out / "teacher.jsonl", questions)
+        teacher = teacher_of(args, settings)
+    except (BatchError, OSError, ValueError, json.JSONDecodeError) as e:
+        print(f"prefill distill: {e}", file=sys.stderr)
+        return 2
+    local = not args.teacher
+    entries = distill.teach(
+        teacher,
+        rows,
+        questions,
+        journal,
+        concurrency=1 if local else args.concurrency,
+        retries=args.retries,
+        rate=args.rate,
+    )
+    train_rows, held = distill.split(rows, args.holdout, args.seed)
+    items, targets = distill.student_items(train_rows, entries, questions)
+    if not items:
+        print("prefill distill: the teacher answered none of the training rows (see teacher.jsonl)", file=sys.stderr)
+        return 1
+    student = build_prefill(settings.replace(readouts=(), fallback_below=None), "distill")
+    layers = training.default_layers(student.backend.depth, 1, 0)
+    trained = training.train_heads(
+        student.backend,
+        items,
+        targets,
+        layers,
+        kind="linear",
+        model=student.name,
+        rl_weight=0.0,
+        label_weight=0.0,
+        out=out,
+    )
+    engine = student.add_readout(str(out), f"{student.name}+distilled")
+    report = {
+        "teacher": args.teacher or args.teacher_model,
+        "student": engine.name,
+        "rows": {"read": len(rows), "unreadable": len(skipped), "train": len(train_rows), "held_out": len(held)},
+        "teacher_answers": distill.teacher_summary(entries, questions),
+        "training": {k: trained[k] for k in ("items", "questions", "saved") if k in trained},
+        "held_out": distill.held_out_report(engine, held, entries, questions, args.target_agreement),
+    }
+    (out / "distill.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(summary(report), file=sys.stderr)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def summary(report: dict) -> str:
+    h, t = report["held_out"], report["teacher_answers"]
+    if not h.get("questions"):
+        return "prefill distill: no held-out question the teacher answered"
+    speed = (t["seconds_per_row"] or 0) / max(h["student_seconds_per_row"], 1e-9)
+    lines = [
+        f"prefill distill: {h['questions']} held-out questions: the student agrees with the teacher on "
+        f"{h['agreement']:.1%}, {speed:.1f}x the teacher's speed ({h['student_seconds_per_row']:.3f} vs "
+        f"{t['seconds_per_row'] or 0:.3f} s a row); teacher failures: {t['failed_rows']} rows"
+    ]
+    if "student_accuracy" in h:
+        lines.append(
+            f"  gold ({h['gold_questions']} questions): student {h['student_accuracy']:.3f}, "
+            f"teacher {h['teacher_accuracy']:.3f}"
+        )
+    c = h["cascade_for_target"]
+    if c.get("reached", True):
+        lines.append(
+            f"  cascade: --fallback-below {c['threshold']:.2f} escalates {c['escalated']:.1%} of the "
+            f"questions and reaches {c['agreement']:.1%} agreement (target {c['target']:.0%})"
+        )
+    return "\n".join(lines)

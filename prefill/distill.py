@@ -1,0 +1,256 @@
+"""`prefill distill`: a model that answers well but slowly (System Two: any chat LLM behind an
+OpenAI-compatible endpoint, another System One server, or a bigger model through prefill) teaches a fast
+prefill (System One) on the user's own unlabelled rows.
+
+1. `teach`: the teacher answers every question about every row, several rows at a time for a remote
+   teacher, each failure retried and then recorded (never fatal), at most `rate` rows a second, into a
+   journal (`teacher.jsonl`) that a rerun continues. Its distributions are kept (logprobs where the server
+   gives them, else its choice as a one-hot: fallback.py).
+2. `train_student`: the student's head is trained on the teacher's distributions of the training rows (the
+   head training of `prefill train`: training.train_heads; the decoder or the encoder route).
+3. `held_out_report`: on the held-out rows, agreement with the teacher's top answer, the student's log loss
+   against the teacher's distribution, both accuracies where the rows carry gold labels, seconds per row of
+   each, and the cascade: the share of questions escalated to the teacher below each confidence threshold
+   (the same confidence `--fallback-below` reads) against the agreement that gives.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .batch import read_rows, state_of
+from .engine import choice_confidence
+from .evaluate import Item, gold_index
+from .schema import AnyQuestion, Choice, Noul
+
+
+@dataclass
+class Row:
+    index: int  # 0-based, in file order
+    line: int
+    state: Any
+    gold: dict[str, Any]  # question id -> gold label, where the row carries one
+
+
+def read_distill_rows(
+    source: Path, questions: Mapping[str, AnyQuestion], state_field: str | None, gold_field: str | None
+) -> tuple[list[Row], list[tuple[int, str]]]:
+    """The rows to teach, and (line, why) for those that cannot be read. `gold_field`: a field holding
+    {question id: label}, or the label itself when there is one question."""
+    rows, skipped = [], []
+    for index, (line, record) in enumerate(read_rows(source)):
+        try:
+            if isinstance(record, Exception):
+                raise record
+            gold = record.get(gold_field) if gold_field else None
+            if gold is not None and not isinstance(gold, dict):
+                gold = {next(iter(questions)): gold} if len(questions) == 1 else None
+            rows.append(Row(index, line, state_of(record, state_field), dict(gold or {})))
+        except ValueError as e:
+            skipped.append((line, str(e)))
+    return rows, skipped
+
+
+# ---------------------------------------------------------------- 1. the teacher answers
+
+
+class Journal:
+    """teacher.jsonl: one line per row taught, {row, probs, error, seconds}; a rerun keeps what is there."""
+
+    def __init__(self, path: Path, questions: Mapping[str, AnyQuestion]):
+        self.path = path
+        header = {"prefill_distill": 1, "questions": {k: q.model_dump(mode="json") for k, q in questions.items()}}
+        if path.exists():
+            first = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+            if first != header:
+                raise ValueError(f"{path} was written for other questions; use another --out")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(header) + "\n", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def entries(self) -> dict[int, dict]:
+        lines = self.path.read_text(encoding="utf-8").splitlines()[1:]
+        return {e["row"]: e for e in map(json.loads, lines)}
+
+    def append(self, entry: dict) -> None:
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def ask_teacher(teacher, row: Row, questions: Mapping[str, AnyQuestion], retries: int) -> dict:
+    """The teacher's distributions for one row, retried with backoff; an error is recorded, not raised."""
+    started, error = time.perf_counter(), None
+    for attempt in range(retries + 1):
+        try:
+            probs, _, _ = teacher.probabilities(row.state, questions)
+            return {"row": row.index, "probs": probs, "error": None, "seconds": time.perf_counter() - started}
+        except Exception as e:  # noqa: BLE001 — a refusal, timeout or unparseable reply is counted, not fatal
+            error = f"{type(e).__name__}: {e}"
+            if attempt < retries:
+                time.sleep(0.5 * 2**attempt)
+    return {"row": row.index, "probs": None, "error": error, "seconds": time.perf_counter() - started}
+
+
+def teach(
+    teacher,
+    rows: Sequence[Row],
+    questions: Mapping[str, AnyQuestion],
+    journal: Journal,
+    *,
+    concurrency: int = 1,
+    retries: int = 2,
+    rate: float | None = None,
+) -> dict[int, dict]:
+    """Every row the journal has no answer for yet (new rows, and rows that failed before), asked
+    `concurrency` at a time, at most `rate` rows a second; the journal's entries, old and new (the last per
+    row)."""
+    from tqdm import tqdm
+
+    done = {i for i, e in journal.entries().items() if not e["error"]}
+    pending = [r for r in rows if r.index not in done]
+    gap = 1.0 / rate if rate else 0.0
+    with (
+        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
+        tqdm(total=len(rows), initial=len(rows) - len(pending), desc="teacher", unit="row", file=sys.stderr) as bar,
+    ):
+        futures = []
+        for row in pending:
+            futures.append(pool.submit(ask_teacher, teacher, row, questions, retries))
+            time.sleep(gap)
+        for future in as_completed(futures):
+            journal.append(future.result())
+            bar.update()
+    return journal.entries()
+
+
+def teacher_summary(entries: Mapping[int, dict], questions: Mapping[str, AnyQuestion]) -> dict:
+    """Rows taught, rows failed (with the most common errors) and questions left unanswered."""
+    failed = [e for e in entries.values() if e["error"]]
+    answered = [e for e in entries.values() if not e["error"]]
+    missing = sum(len(questions) - len(e["probs"]) for e in answered)
+    errors: dict[str, int] = {}
+    for e in failed:
+        errors[e["error"][:120]] = errors.get(e["error"][:120], 0) + 1
+    seconds = [e["seconds"] for e in answered]
+    return {
+        "rows": len(entries),
+        "failed_rows": len(failed),
+        "unanswered_questions": missing,
+        "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+        "seconds_per_row": sum(seconds) / len(seconds) if seconds else None,
+    }
+
+
+# ---------------------------------------------------------------- 2. the student learns
+
+
+def label_of(q: AnyQuestion, index: int) -> Any:
+    """The gold label (as labelled JSONL writes it) of a question's `index`-th answer."""
+    if isinstance(q, Noul):
+        return index == 0
+    if isinstance(q, Choice):
+        return list(q.criteria)[index]
+    return index
+
+
+def student_items(
+    rows: Sequence[Row], entries: Mapping[int, dict], questions: Mapping[str, AnyQuestion]
+) -> tuple[list[Item], dict[str, list[float]]]:
+    """Labelled items (the teacher's top answer as the label) and the teacher's distributions, keyed as
+    `prefill train` reads a teacher (fitting.question_key)."""
+    from .fitting import question_key
+
+    items, teacher = [], {}
+    for row in rows:
+        probs = (entries.get(row.index) or {}).get("probs") or {}
+        asked = {qid: q for qid, q in questions.items() if qid in probs}
+        if not asked:
+            continue
+        gold = {qid: label_of(q, max(range(len(probs[qid])), key=probs[qid].__getitem__)) for qid, q in asked.items()}
+        items.append(Item(row.state, asked, gold, family="distill"))
+        teacher.update({question_key(row.state, q): probs[qid] for qid, q in asked.items()})
+    return items, teacher
+
+
+def split(rows: Sequence[Row], holdout: float, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    """Training rows and held-out rows (a `holdout` share, at least one of each when there are two)."""
+    order = list(rows)
+    random.Random(seed).shuffle(order)
+    n_held = min(len(order) - 1, max(1, round(holdout * len(order)))) if len(order) > 1 else 0
+    return order[n_held:], order[:n_held]
+
+
+# ---------------------------------------------------------------- 3. held out: student vs teacher
+
+
+def held_out_report(
+    student, rows: Sequence[Row], entries: Mapping[int, dict], questions: Mapping[str, AnyQuestion], target: float
+) -> dict:
+    """The student (an Engine) on the held-out rows the teacher answered, question by question."""
+    per_question, started = [], time.perf_counter()
+    for row in rows:
+        probs = (entries.get(row.index) or {}).get("probs") or {}
+        asked = {qid: q for qid, q in questions.items() if qid in probs}
+        if not asked:
+            continue
+        mine, _, _ = student.probabilities(row.state, asked)
+        for qid, q in asked.items():
+            per_question.append(_compare(q, mine[qid], probs[qid], row.gold.get(qid)))
+    seconds = (time.perf_counter() - started) / max(1, len(rows))
+    if not per_question:
+        return {"questions": 0}
+    n = len(per_question)
+    with_gold = [p for p in per_question if p["gold"] is not None]
+    report = {
+        "rows": len(rows),
+        "questions": n,
+        "student_seconds_per_row": seconds,
+        "agreement": sum(p["agrees"] for p in per_question) / n,
+        "log_loss_vs_teacher": sum(p["log_loss"] for p in per_question) / n,
+    }
+    if with_gold:
+        report["gold_questions"] = len(with_gold)
+        report["student_accuracy"] = sum(p["student_right"] for p in with_gold) / len(with_gold)
+        report["teacher_accuracy"] = sum(p["teacher_right"] for p in with_gold) / len(with_gold)
+    report["cascade"] = cascade(per_question)
+    reached = [c for c in report["cascade"] if c["agreement"] >= target]
+    report["cascade_for_target"] = {"target": target, **(reached[0] if reached else {"reached": False})}
+    return report
+
+
+def _compare(q: AnyQuestion, student: Sequence[float], teacher: Sequence[float], gold: Any) -> dict:
+    top = lambda p: max(range(len(p)), key=p.__getitem__)  # noqa: E731
+    gold_i = gold_index(q, gold) if gold is not None else None
+    return {
+        "agrees": top(student) == top(teacher),
+        "confidence": choice_confidence(student),
+        "log_loss": -sum(t * math.log(max(s, 1e-12)) for s, t in zip(student, teacher)),
+        "gold": gold_i,
+        "student_right": top(student) == gold_i,
+        "teacher_right": top(teacher) == gold_i,
+    }
+
+
+def cascade(per_question: Sequence[dict], steps: int = 20) -> list[dict]:
+    """Questions the student is less sure of than a threshold go to the teacher (whose answer then agrees):
+    per threshold, the share escalated and the agreement, from none escalated to all."""
+    out, n = [], len(per_question)
+    for k in range(steps + 1):
+        threshold = k / steps
+        escalated = [p for p in per_question if p["confidence"] < threshold]
+        kept_agree = sum(p["agrees"] for p in per_question if p["confidence"] >= threshold)
+        out.append(
+            {"threshold": threshold, "escalated": len(escalated) / n, "agreement": (kept_agree + len(escalated)) / n}
+        )
+    return out

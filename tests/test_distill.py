@@ -1,0 +1,216 @@
+"""prefill distill (prefill/distill.py): the teacher's answers journaled, retried, counted and never fatal; a
+rerun asks only what is missing; the cascade and the held-out report computed as defined; and end to end on
+tiny models, with a teacher loaded here and one over HTTP, the result served with --readout."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefill import distill
+from prefill.schema import Choice, Noul
+
+from .conftest import make_model
+
+QUESTIONS = {"kind": Choice("Which kind?", ["billing", "bug", "praise"]), "urgent": Noul("Is it urgent?")}
+
+
+class Teacher:
+    """Answers from a fixed rule; fails every call for the rows in `broken`."""
+
+    def __init__(self, broken=()):
+        self.broken, self.calls = set(broken), 0
+
+    def probabilities(self, state, questions, reference_date=None):
+        self.calls += 1
+        if state in self.broken:
+            raise TimeoutError("the teacher timed out")
+        k = len(state) % 3
+        return {"kind": [0.8 if i == k else 0.1 for i in range(3)], "urgent": [0.3, 0.7]}, 0, []
+
+
+def rows(n: int) -> list[distill.Row]:
+    return [distill.Row(i, i + 1, "x" * (i + 1), {}) for i in range(n)]
+
+
+def test_failures_are_retried_recorded_and_retried_again_on_a_rerun(tmp_path):
+    journal = distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS)
+    teacher = Teacher(broken={"xx"})
+    entries = distill.teach(teacher, rows(5), QUESTIONS, journal, concurrency=3, retries=1)
+    assert len(entries) == 5 and entries[1]["error"].startswith("TimeoutError") and entries[1]["probs"] is None
+    assert teacher.calls == 4 + 2  # four rows once, the broken one twice (one retry)
+    summary = distill.teacher_summary(entries, QUESTIONS)
+    assert summary["failed_rows"] == 1 and summary["rows"] == 5
+    again = Teacher()
+    entries = distill.teach(again, rows(6), QUESTIONS, distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS))
+    assert again.calls == 2  # the failed row and the new one, nothing else
+    assert all(e["error"] is None for e in entries.values()) and len(entries) == 6
+    with pytest.raises(ValueError, match="other questions"):
+        distill.Journal(tmp_path / "teacher.jsonl", {"kind": QUESTIONS["kind"]})
+
+
+def test_the_student_learns_the_teachers_top_answer_and_distribution():
+    entries = {r.index: {"probs": Teacher().probabilities(r.state, QUESTIONS)[0], "error": None} for r in rows(3)}
+    items, targets = distill.student_items(rows(3), entries, QUESTIONS)
+    assert [it.gold["kind"] for it in items] == ["bug", "praise", "billing"]  # len 1, 2, 3 -> k = 1, 2, 0
+    assert all(it.gold["urgent"] is False for it in items) and len(targets) == 6
+
+
+def test_held_out_report_and_cascade_as_defined():
+    held = [distill.Row(i, i, "x" * (i + 1), {"kind": "bug"}) for i in range(4)]
+    entries = {r.index: {"probs": Teacher().probabilities(r.state, QUESTIONS)[0], "error": None} for r in held}
+
+    class Student:  # agrees on "kind" for rows 0 and 1 only, unsure of the others; always sure of "urgent"
+        def probabilities(self, state, questions, reference_date=None):
+            teacher = Teacher().probabilities(state, questions)[0]
+            kind = teacher["kind"] if len(state) <= 2 else [0.3, 0.3, 0.4][::-1]
+            return {"kind": kind, "urgent": [0.05, 0.95]}, 0, []
+
+    report = distill.held_out_report(Student(), held, entries, QUESTIONS, target=0.9)
+    # teacher's kind by len(state) % 3 = 1, 2, 0, 1: bug, praise, billing, bug; the student's: bug, praise,
+    # then billing twice (unsure). "urgent": both say no. Gold kind is "bug" everywhere.
+    assert report["questions"] == 8
+    assert report["agreement"] == pytest.approx(7 / 8)
+    ce = lambda t, s: -sum(a * math.log(b) for a, b in zip(t, s))  # noqa: E731
+    sure, unsure, teacher_kind = [0.1, 0.8, 0.1], [0.4, 0.3, 0.3], [[0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.8, 0.1, 0.1]]
+    want = ce(sure, sure) + ce([0.1, 0.1, 0.8], [0.1, 0.1, 0.8]) + ce(teacher_kind[2], unsure) + ce(sure, unsure)
+    want += 4 * ce([0.3, 0.7], [0.05, 0.95])
+    assert report["log_loss_vs_teacher"] == pytest.approx(want / 8)
+    assert report["gold_questions"] == 4
+    assert report["student_accuracy"] == 0.25 and report["teacher_accuracy"] == 0.5
+    curve = report["cascade"]
+    assert curve[0] == {"threshold": 0.0, "escalated": 0.0, "agreement": 7 / 8}
+    assert curve[-1]["escalated"] == 1.0 and curve[-1]["agreement"] == 1.0
+    assert all(a["escalated"] <= b["escalated"] for a, b in zip(curve, curve[1:]))
+    # the two unsure answers (confidence 0.1) go first, at the threshold 0.15: then everything agrees
+    assert report["cascade_for_target"] == {"target": 0.9, "threshold": 0.15, "escalated": 0.25, "agreement": 1.0}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, tokenizer) -> tuple[Path, Path]:
+    out = []
+    for seed in (0, 1):
+        d = tmp_path_factory.mktemp(f"tiny-{seed}")
+        make_model("llama", len(tokenizer), seed=seed).save_pretrained(d)
+        tokenizer.save_pretrained(d)
+        out.append(d)
+    return out[0], out[1]
+
+
+def run_distill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "distill", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    texts = ["charged twice", "app crashes", "great support", "refund please", "login broken", "thanks a lot"]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"text": f"{t} #{i}", "id": i}) + "\n" for i, t in enumerate(texts * 5)))
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({k: v.model_dump(mode="json", exclude_none=True) for k, v in QUESTIONS.items()}))
+    return data, q
+
+
+def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_path):
+    teacher, student = model_dirs
+    data, q = write_inputs(tmp_path)
+    out = tmp_path / "head"
+    args = [
+        str(data),
+        "--questions",
+        f"@{q}",
+        "--state-field",
+        "text",
+        "--teacher-model",
+        str(teacher),
+        "--model",
+        str(student),
+        "--holdout",
+        "0.3",
+        "--out",
+        str(out),
+    ]
+    run = run_distill(*args)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((out / "distill.json").read_text())
+    assert report["rows"] == {"read": 30, "unreadable": 0, "train": 21, "held_out": 9}
+    held = report["held_out"]
+    assert held["questions"] == 18 and 0 <= held["agreement"] <= 1 and len(held["cascade"]) == 21
+    assert "agrees with the teacher" in run.stderr
+    journaled = (out / "teacher.jsonl").read_text().splitlines()
+    assert len(journaled) == 31  # a header and one line per row
+    again = run_distill(*args)  # the journal is complete: the teacher is asked nothing
+    assert again.returncode == 0, again.stderr
+    assert (out / "teacher.jsonl").read_text().splitlines() == journaled
+    ask = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefill.cli",
+            "ask",
+            "--model",
+            str(student),
+            "--readout",
+            str(out),
+            "--state",
+            "charged twice #0",
+            "--questions",
+            f"@{q}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ask.returncode == 0, ask.stderr
+    assert set(json.loads(ask.stdout)) == {"kind", "urgent"}
+
+
+def test_distill_from_a_system_one_server(model_dirs, tmp_path):
+    from prefill import Prefill
+    from prefill.bench.http import LocalServer
+
+    teacher, student = model_dirs
+    data, q = write_inputs(tmp_path)
+    with LocalServer(Prefill(str(teacher), facts=False)) as server:
+        run = run_distill(
+            str(data),
+            "--questions",
+            f"@{q}",
+            "--state-field",
+            "text",
+            "--teacher",
+            server.url,
+            "--teacher-kind",
+            "systemone",
+            "--concurrency",
+            "3",
+            "--model",
+            str(student),
+            "--out",
+            str(tmp_path / "head"),
+        )
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "head" / "distill.json").read_text())
+    assert report["teacher_answers"]["failed_rows"] == 0 and report["held_out"]["questions"] == 12
+
+
+def test_distill_needs_a_teacher(model_dirs, tmp_path):
+    data, q = write_inputs(tmp_path)
+    run = run_distill(
+        str(data),
+        "--questions",
+        f"@{q}",
+        "--state-field",
+        "text",
+        "--model",
+        str(model_dirs[1]),
+        "--out",
+        str(tmp_path / "head"),
+    )
+    assert run.returncode == 2 and "--teacher" in run.stderr
