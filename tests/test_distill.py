@@ -102,10 +102,12 @@ def model_dirs(tmp_path_factory, tokenizer) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def run_distill(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "prefill.cli", "distill", *args], capture_output=True, text=True, timeout=600
-    )
+def run_distill(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`prefill distill` on `write_inputs`' rows and questions, then `args`."""
+    data, q = tmp_path / "rows.jsonl", tmp_path / "q.json"
+    command = [sys.executable, "-m", "prefill.cli", "distill", str(data), "--questions", f"@{q}"]
+    command += ["--state-field", "text", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
 def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
@@ -122,11 +124,6 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
     data, q = write_inputs(tmp_path)
     out = tmp_path / "head"
     args = [
-        str(data),
-        "--questions",
-        f"@{q}",
-        "--state-field",
-        "text",
         "--teacher-model",
         str(teacher),
         "--model",
@@ -136,7 +133,7 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
         "--out",
         str(out),
     ]
-    run = run_distill(*args)
+    run = run_distill(tmp_path, *args)
     assert run.returncode == 0, run.stderr
     report = json.loads((out / "distill.json").read_text())
     assert report["rows"] == {"read": 30, "unreadable": 0, "train": 21, "held_out": 9}
@@ -145,7 +142,7 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
     assert "agrees with the teacher" in run.stderr
     journaled = (out / "teacher.jsonl").read_text().splitlines()
     assert len(journaled) == 31  # a header and one line per row
-    again = run_distill(*args)  # the journal is complete: the teacher is asked nothing
+    again = run_distill(tmp_path, *args)  # the journal is complete: the teacher is asked nothing
     assert again.returncode == 0, again.stderr
     assert (out / "teacher.jsonl").read_text().splitlines() == journaled
     ask = subprocess.run(
@@ -176,14 +173,10 @@ def test_distill_from_a_system_one_server(model_dirs, tmp_path):
     from prefill.bench.http import LocalServer
 
     teacher, student = model_dirs
-    data, q = write_inputs(tmp_path)
+    write_inputs(tmp_path)
     with LocalServer(Prefill(str(teacher), facts=False)) as server:
         run = run_distill(
-            str(data),
-            "--questions",
-            f"@{q}",
-            "--state-field",
-            "text",
+            tmp_path,
             "--teacher",
             server.url,
             "--teacher-kind",
@@ -201,13 +194,9 @@ def test_distill_from_a_system_one_server(model_dirs, tmp_path):
 
 
 def test_distill_needs_a_teacher(model_dirs, tmp_path):
-    data, q = write_inputs(tmp_path)
+    write_inputs(tmp_path)
     run = run_distill(
-        str(data),
-        "--questions",
-        f"@{q}",
-        "--state-field",
-        "text",
+        tmp_path,
         "--model",
         str(model_dirs[1]),
         "--out",

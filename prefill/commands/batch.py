@@ -9,24 +9,18 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .common import build_prefill, read_arg
+from .common import add_rows_arguments, build_prefill, read_arg
 
 HELP = "answer the same questions for every row of a JSONL, CSV or Parquet file"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="rows: .jsonl, .csv or .parquet")
-    p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
+    add_rows_arguments(p)
     p.add_argument(
         "--out",
         required=True,
         help="the rows plus the answers: .jsonl, .csv or .parquet; rerun the "
         "same command to continue an interrupted job",
-    )
-    p.add_argument(
-        "--state-field",
-        default=None,
-        help="the field or column that is the state (default: the whole record is the state)",
     )
     p.add_argument(
         "--on-error",

@@ -75,3 +75,12 @@ def check_vllm(settings: Settings, command: str, generate: bool = False) -> None
             "--backend vllm needs vLLM: `make vllm-setup` (a second venv, .venv-vllm), or "
             "pip install 'prefill[vllm]' then pip uninstall torchvision torchaudio torchcodec"
         )
+
+
+def add_rows_arguments(p) -> None:
+    """The rows and questions that `prefill batch` and `prefill distill` read, declared once."""
+    p.add_argument("input", help="rows: .jsonl, .csv or .parquet")
+    p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
+    p.add_argument(
+        "--state-field", default=None, help="the field or column that is the state (default: the whole record)"
+    )

@@ -9,15 +9,13 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .common import build_prefill, read_arg
+from .common import add_rows_arguments, build_prefill, read_arg
 
 HELP = "teach a fast prefill head from a slower model's answers on your own rows"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="rows: .jsonl, .csv or .parquet (read as prefill batch reads them)")
-    p.add_argument("--questions", required=True, help="questions as JSON {id: question}, or @FILE")
-    p.add_argument("--state-field", default=None, help="the field that is the state (default: the whole record)")
+    add_rows_arguments(p)
     p.add_argument(
         "--gold-field",
         default=None,
