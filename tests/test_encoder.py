@@ -35,21 +35,17 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
 
 
+def tiny_bert(tokenizer) -> BertModel:
+    """A 2-layer random BERT over `tokenizer`'s vocabulary (seeded), for the encoder route's tests."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config.update({"intermediate_size": 128, "max_position_embeddings": 512, "initializer_range": 0.3})
+    return BertModel(config)
+
+
 @pytest.fixture(scope="module")
 def engine(tokenizer) -> Engine:
-    torch.manual_seed(0)
-    bert = BertModel(
-        BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            initializer_range=0.3,
-        )
-    )
-    return Engine(EncoderBackend(bert.float(), tokenizer, "tiny-bert", batch_size=4), scoring=WHOLE)
+    return Engine(EncoderBackend(tiny_bert(tokenizer).float(), tokenizer, "tiny-bert", batch_size=4), scoring=WHOLE)
 
 
 def probs(engine: Engine, questions: dict, state: str = TICKET) -> dict:

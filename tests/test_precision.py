@@ -155,25 +155,16 @@ def test_exact_logits_are_used_in_bf16(tiny_model, tokenizer, monkeypatch):
 def test_the_encoder_route_takes_the_fast_path_too():
     """A tiny BERT in bf16 on the encoder route: its linears are packed and its answers stay isolated (the
     slot scores are read in fp32 from the bf16 hidden states)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from transformers import AutoTokenizer
 
     from prefill.backends.encoder import EncoderBackend
     from prefill.loading import resolve
     from prefill.scoring import Scoring
 
+    from .test_encoder import tiny_bert
+
     tok = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
-    torch.manual_seed(0)
-    bert = BertModel(
-        BertConfig(
-            vocab_size=len(tok),
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            initializer_range=0.3,
-        )
-    )
+    bert = tiny_bert(tok)
     whole = dict.fromkeys(("noul", "choice", "score"), Scoring("whole"))
     fp32 = Engine(EncoderBackend(copy.deepcopy(bert).float(), tok, "tiny-bert", batch_size=4), scoring=whole)
     backend = EncoderBackend(bert.to(torch.bfloat16), tok, "tiny-bert", batch_size=4)
