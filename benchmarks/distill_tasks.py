@@ -36,7 +36,7 @@ def write_task(name: str, rows: int, seed: int, folder: Path) -> tuple[Path, Pat
             gold = next(a.gold for a in asked if a.qid == phrasing.qid)
             label = _label(phrasing.question, gold)
             f.write(json.dumps({"text": text, "gold": label}, ensure_ascii=False) + "\n")
-    from prefill.evaluate import parse_questions
+    from prefill.evaluation.evaluate import parse_questions
 
     wire = parse_questions({phrasing.qid: phrasing.question})[phrasing.qid].model_dump(mode="json")
     q.write_text(json.dumps({phrasing.qid: wire}, ensure_ascii=False))

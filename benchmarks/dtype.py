@@ -12,7 +12,7 @@ import json
 import statistics
 
 from prefill import Prefill
-from prefill.evaluate import load_jsonl, predict
+from prefill.evaluation.evaluate import load_jsonl, predict
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from prefill import Prefill, lora, training
-from prefill.evaluate import load_jsonl
+from prefill.evaluation.evaluate import load_jsonl
 
 from .readouts import HELD_OUT, parser, scores
 

@@ -206,7 +206,7 @@ def compare_fact_pass(path: str, model: str | None = None) -> dict:
     """The default model with the fact pass on and off, split by whether the pass decided the question:
     accuracy of each group, and whether every undecided answer is the same either way."""
     from prefill import Prefill
-    from prefill.evaluate import gold_index, load_jsonl, vector
+    from prefill.evaluation.evaluate import gold_index, load_jsonl, vector
     from prefill.facts import decide
     from prefill.render import render_text
 

@@ -1,6 +1,6 @@
 """Which readout and prompt format should the engine use? Measured on labelled tasks, same model, one run.
 
-Readouts: the whole-sequence likelihood of each answer (answer tokens + end-of-answer marker) against the
+Token readouts: the whole-sequence likelihood of each answer (answer tokens + end-of-answer marker) against the
 first-token readout (the next-token distribution restricted to each answer's first token). Formats: the
 model's chat template against a plain prompt. Reports accuracy and log loss (NLL of the gold answer after
 the softmax over declared answers) per question type.
@@ -19,7 +19,7 @@ from collections import defaultdict
 from prefill import loading
 from prefill.backends.causal_lm import CausalLMBackend
 from prefill.engine import softmax
-from prefill.evaluate import Item, gold_index, parse_questions
+from prefill.evaluation.evaluate import Item, gold_index, parse_questions
 from prefill.render import Branches
 
 from .labelled import sys1bench_rows

@@ -33,7 +33,7 @@ import torch
 from prefill import Prefill, fitting, metrics, training
 from prefill.engine import choice_confidence as confidence
 from prefill.engine import softmax
-from prefill.evaluate import load_jsonl
+from prefill.evaluation.evaluate import load_jsonl
 
 HELD_OUT = ("policy_compliance", "guardrail_intent", "upset")
 TYPES = ("noul", "choice", "score")
@@ -144,7 +144,7 @@ def main() -> None:
         for kind in ("linear", "pointer"):
             for rl in (0.0, 1.0):
                 label = f"student {kind}, {'CE + RL' if rl else 'CE only'}"
-                cfg = fitting.ReadoutConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
+                cfg = fitting.HeadConfig(kind=kind, layer=depth, hidden=fit[0].decision.shape[-1], use_base=True)
                 head, log, _ = fitting.fit_head(
                     fit_s, cfg, last, rl_weight=rl, label_weight=args.label_weight, seed=seed
                 )
@@ -174,7 +174,7 @@ def main() -> None:
     final = heads["student linear, CE only"]  # the default of prefill train
     early = {}
     for i, k in enumerate(early_layers):
-        cfg = fitting.ReadoutConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
+        cfg = fitting.HeadConfig(kind="linear", layer=k, hidden=fit[0].decision.shape[-1], use_base=False)
         head, _, _ = fitting.fit_head(fit, cfg, i, rl_weight=0.0, label_weight=args.label_weight)
         thr, fit_report = training.exit_threshold(
             fitting.predict(head, val, i), fitting.predict(final, val, last), [e.gold for e in val]

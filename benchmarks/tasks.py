@@ -400,7 +400,7 @@ def generate(args) -> None:
 
     from prefill import loading
     from prefill.backends.causal_lm import CausalLMBackend
-    from prefill.evaluate import generated_answer, parse_questions
+    from prefill.evaluation.evaluate import generated_answer, parse_questions
 
     out = Path(args.out)
     meta, _ = load(out)

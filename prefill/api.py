@@ -20,9 +20,9 @@ from .backends.base import ReadoutUnsupported
 from .backends.cpu import resolve_dtype
 from .backends.factory import build_backend
 from .backends.vllm_lm import NO_READOUTS
-from .calibration import Calibration, shipped
 from .engine import Engine
-from .readout import Readouts
+from .evaluation.calibration import Calibration, shipped
+from .heads.head import Heads
 from .schema import Answer, AnyQuestion, Choice, Noul, Score
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring
@@ -63,7 +63,7 @@ class Prefill:
         heads = None
         if settings.readouts:
             path = settings.readouts[0][1]
-            heads = Readouts.load(path, self.backend.fingerprint)
+            heads = Heads.load(path, self.backend.fingerprint)
             if not _can_read(self.backend, heads):
                 raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
         ways = scoring_for(self.backend, settings.scoring)
@@ -76,7 +76,7 @@ class Prefill:
                 settings.calibration, self.backend.fingerprint, setup(self.backend.renderer, ways)
             ),
             use_facts=settings.facts,
-            readouts=heads,
+            heads=heads,
             fallback_below=settings.fallback_below,
             fallback=fallback if fallback is not None else build_fallback(settings),
         )
@@ -89,10 +89,10 @@ class Prefill:
         (`Prefill(readout=...)`)."""
         if not self.backend.reads_features:
             raise ReadoutUnsupported(NO_READOUTS)
-        heads = Readouts.load(path, self.backend.fingerprint)
+        heads = Heads.load(path, self.backend.fingerprint)
         if not _can_read(self.backend, heads):
             raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
-        if heads.adapter is not None or self.engine.readouts is not None and self.engine.readouts.adapter is not None:
+        if heads.adapter is not None or self.engine.heads is not None and self.engine.heads.adapter is not None:
             raise ValueError(f"{path}: {LORA_CANNOT_SHARE}")
         base = self.engine
         engine = Engine(
@@ -100,7 +100,7 @@ class Prefill:
             max_request_tokens=base.max_request_tokens,
             max_sequence_tokens=base.max_sequence_tokens,
             use_facts=base.use_facts,
-            readouts=heads,
+            heads=heads,
             fallback_below=base.fallback_below,
             fallback=base.fallback,
             served_as=name,
@@ -169,7 +169,7 @@ def build_fallback(settings: Settings):
     return None
 
 
-def _can_read(backend, heads: Readouts) -> bool:
+def _can_read(backend, heads: Heads) -> bool:
     """Whether the backend gives what the heads read: hidden states (no vLLM), and for an early-exit head
     or a LoRA adapter the decoder's layer-by-layer pass."""
     if not backend.reads_features:

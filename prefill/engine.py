@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 from . import facts
 from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
-from .calibration import Calibration
-from .readout import Readouts
+from .evaluation.calibration import Calibration
+from .heads.head import Heads
 from .render import Branches, render_text
 from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage
 from .scoring import DEFAULT as DEFAULT_SCORING
@@ -105,7 +105,7 @@ class Engine:
     # Trained heads (prefill train) read instead of the training-free log-likelihoods; they carry their own
     # calibration (per-type temperatures fitted on families they did not train on), so `calibration`, which
     # is the base model's, is not applied to them.
-    readouts: Readouts | None = None
+    heads: Heads | None = None
     # Questions whose confidence (p_max - 1/n)/(1 - 1/n), comparable across option counts, is under
     # `fallback_below` are re-asked to `fallback` if there is one (a stronger engine, or a remote server:
     # fallback.py), else reported. What the fallback cannot answer keeps its local answer and is reported.
@@ -122,21 +122,21 @@ class Engine:
     def __post_init__(self) -> None:
         self._lock = backend_lock(self.backend)
         # A readout trained with a LoRA reads the adapted model: merge it wherever a readout meets its backend.
-        if self.readouts is not None and self.readouts.adapter is not None:
-            self.backend.merge_adapter(self.readouts.adapter)
+        if self.heads is not None and self.heads.adapter is not None:
+            self.backend.merge_adapter(self.heads.adapter)
 
     @property
     def name(self) -> str:
         """The served model name: the base model's, plus the readout's when one is loaded (or `served_as`)."""
         if self.served_as:
             return self.served_as
-        return self.backend.name + (f"+{self.readouts.name}" if self.readouts else "")
+        return self.backend.name + (f"+{self.heads.name}" if self.heads else "")
 
     @property
     def description(self) -> str:
-        if not self.readouts:
+        if not self.heads:
             return self.backend.description
-        return f"{self.backend.description}, with the trained readout {self.readouts.name!r}"
+        return f"{self.backend.description}, with the trained readout {self.heads.name!r}"
 
     def ask(
         self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
@@ -221,7 +221,7 @@ class Engine:
         if not todo:
             return out
         with self._lock:  # one forward at a time; concurrent requests queue here (or in serving's scheduler)
-            if self.readouts is None:
+            if self.heads is None:
                 jobs = [(p.state_ids, p.branches, p.qtypes) for _, p in todo]
                 for (_, p), scores in zip(todo, self.scores_many(jobs)):
                     p.fill([self._calibrated(t, s) for t, s in zip(p.qtypes, scores)], set())
@@ -295,7 +295,7 @@ class Engine:
     ) -> tuple[list[list[float]], set[int]]:
         """Trained heads. With a shallow head, the questions first run through its layers only; those it is
         sure of stop there, the others continue through the remaining layers to the final head."""
-        heads = self.readouts
+        heads = self.heads
         final = heads.final
         if heads.early is None:
             feats = self.backend.features(state_ids, branches, [final.cfg.layer])

@@ -78,7 +78,7 @@ def test_generated_families_hold_out_texts_never_trained_on():
     """benchmarks.singletask's generated families: every held-out text is absent from the training pool,
     and every question has its gold answer among its declared options (so a head can be scored on it)."""
     from benchmarks.singletask import FAMILIES, task_items
-    from prefill.evaluate import gold_index
+    from prefill.evaluation.evaluate import gold_index
 
     for family in FAMILIES:
         pool, test = task_items(family, pool_size=100)

@@ -95,7 +95,7 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
     """Temperatures only, none at a bound (T = 20 flattens every answer whatever the text), no yes-bias
     (one fitted on one mix of tasks would push every other task's answers one way), and fitted under the
     prompt and scoring the engine serves."""
-    from prefill.calibration import T_MAX, T_MIN
+    from prefill.evaluation.calibration import T_MAX, T_MIN
 
     cal = shipped_calibration(default_prefill)
     assert set(cal.by_type) == {"noul", "choice", "score"}

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from benchmarks.numbers_dates import rows
 from prefill.engine import Engine
-from prefill.evaluate import gold_index, parse_questions
+from prefill.evaluation.evaluate import gold_index, parse_questions
 from prefill.facts import decide, quantities, reference_date
 from prefill.schema import Choice, Noul, Score
 from prefill.serving.app import create_app

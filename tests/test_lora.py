@@ -11,8 +11,8 @@ import torch
 
 from prefill import lora
 from prefill.engine import Engine
-from prefill.evaluate import Item
-from prefill.readout import Readout, ReadoutConfig, Readouts
+from prefill.evaluation.evaluate import Item
+from prefill.heads.head import Head, HeadConfig, Heads
 from prefill.schema import Noul, Score
 
 from .conftest import make_backend
@@ -60,7 +60,7 @@ def test_lora_learns_saves_and_serves_what_it_learned(tiny_model, tokenizer, tmp
     units = lora.extract(backend, angry_items(16, "a") + angry_items(8, "b"), layer=1)
     fit, validation, family = lora.split_by_family(units)
     assert family == "b" and {u.family for u in fit} == {"a"}
-    untrained = Readout(ReadoutConfig("linear", 2, 64, True))
+    untrained = Head(HeadConfig("linear", 2, 64, True))
     before = lora.predict(backend, untrained, validation)
     peft_model, head, log = lora.train(
         backend,
@@ -81,23 +81,23 @@ def test_lora_learns_saves_and_serves_what_it_learned(tiny_model, tokenizer, tmp
     head.save(tmp_path / "final.json")
 
     # a fresh copy of the base, the adapter merged: the served engine gives the trained answers
-    readouts = Readouts.load(tmp_path, "fp")
+    readouts = Heads.load(tmp_path, "fp")
     assert readouts.adapter == tmp_path / "lora"
     served_backend = make_backend(copy.deepcopy(tiny_model), tokenizer)
-    engine = Engine(served_backend, use_facts=False, readouts=readouts)  # merges the adapter
+    engine = Engine(served_backend, use_facts=False, heads=readouts)  # merges the adapter
     assert served_backend.adapter == readouts.adapter
     item = angry_items(8, "b")[0]
     answers, _ = engine.ask(item.state, item.questions)
     trained = after[:2]  # the first validation item's two questions, in declared order
     assert abs(answers["a"].noul - trained[0][0]) < 1e-4
     assert max(abs(answers["s"].probabilities[str(i)] - p) for i, p in enumerate(trained[1])) < 1e-4
-    again, _ = Engine(served_backend, use_facts=False, readouts=readouts).ask(item.state, item.questions)
+    again, _ = Engine(served_backend, use_facts=False, heads=readouts).ask(item.state, item.questions)
     assert abs(again["a"].noul - answers["a"].noul) < 1e-6  # a second engine does not merge it twice
     with pytest.raises(ValueError, match="already has the adapter"):
         served_backend.merge_adapter(tmp_path / "other")
 
     # the merged model keeps every invariance, and the adapter (not only the head) changes the answers
-    plain = Engine(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False, readouts=Readouts(head))
+    plain = Engine(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False, heads=Heads(head))
     assert_invariances(engine, plain)
 
 
@@ -107,4 +107,4 @@ def test_a_missing_adapter_is_refused(tiny_model, tokenizer, tmp_path):
     _, head, _ = lora.train(backend, units, units, top_layers=1, rank=2, epochs=1, fingerprint="fp")
     head.save(tmp_path / "final.json")
     with pytest.raises(ValueError, match="LoRA adapter"):
-        Readouts.load(tmp_path, "fp")
+        Heads.load(tmp_path, "fp")

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from prefill import fitting, training
 from prefill.engine import Engine
-from prefill.evaluate import Item
-from prefill.readout import Readout, ReadoutConfig, Readouts
+from prefill.evaluation.evaluate import Item
+from prefill.heads.head import Head, HeadConfig, Heads
 from prefill.schema import Choice, Noul, Score
 from prefill.serving.app import create_app
 
@@ -21,9 +21,9 @@ from .conftest import RAW, make_backend
 from .test_exactness import QUESTIONS, STATE, TOL, max_delta
 
 
-def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Readout:
+def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Head:
     torch.manual_seed(seed)
-    r = Readout(ReadoutConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8))
+    r = Head(HeadConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8))
     with torch.no_grad():
         for p in r.parameters():
             if p.requires_grad:
@@ -34,14 +34,14 @@ def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Rea
 def test_an_untrained_head_answers_like_the_plain_engine(tiny_model, tokenizer):
     # a head's base term is the raw whole-sequence log-likelihood (what it was trained on), uncorrected
     plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False, scoring=RAW)
-    untrained = Readout(ReadoutConfig(kind="linear", layer=2, hidden=64, use_base=True))
-    headed = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(untrained))
+    untrained = Head(HeadConfig(kind="linear", layer=2, hidden=64, use_base=True))
+    headed = Engine(make_backend(tiny_model, tokenizer), use_facts=False, heads=Heads(untrained))
     assert max_delta(plain.ask(STATE, QUESTIONS)[0], headed.ask(STATE, QUESTIONS)[0]) <= TOL
 
 
 @pytest.mark.parametrize("kind", ["linear", "pointer"])
 def test_trained_path_keeps_every_invariance(tiny_model, tokenizer, kind):
-    engine = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(head(kind), name="h"))
+    engine = Engine(make_backend(tiny_model, tokenizer), use_facts=False, heads=Heads(head(kind), name="h"))
     plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
     assert_invariances(engine, plain)
 
@@ -67,7 +67,7 @@ def test_early_exit_runs_fewer_layers(tiny_model, tokenizer):
     ran = []
     hook = backend.model.get_decoder().layers[1].register_forward_hook(lambda *a: ran.append(1))
     try:
-        always = Engine(backend, use_facts=False, readouts=Readouts(head("linear"), early))
+        always = Engine(backend, use_facts=False, heads=Heads(head("linear"), early))
         early.cfg.exit_threshold = 0.0  # every question exits at layer 1
         d = always.decide(STATE, QUESTIONS)
         layer2_calls = len(ran)
@@ -75,7 +75,7 @@ def test_early_exit_runs_fewer_layers(tiny_model, tokenizer):
         early.cfg.exit_threshold = 1.01  # none exits: they resume at layer 2, as without the early head
         d = always.decide(STATE, QUESTIONS)
         assert d.early_exit == [] and len(ran) == layer2_calls + 1
-        without = Engine(backend, use_facts=False, readouts=Readouts(head("linear")))
+        without = Engine(backend, use_facts=False, heads=Heads(head("linear")))
         assert max_delta(d.answers, without.ask(STATE, QUESTIONS)[0]) <= TOL
     finally:
         hook.remove()
@@ -102,11 +102,11 @@ def test_files_are_tied_to_the_model_and_listed(tmp_path, tiny_model, tokenizer)
     r = head("pointer")
     r.cfg.fingerprint = "abc"
     r.save(tmp_path / "final.json")
-    loaded = Readouts.load(tmp_path, "abc")
+    loaded = Heads.load(tmp_path, "abc")
     assert all(torch.equal(a, b) for a, b in zip(r.state_dict().values(), loaded.final.state_dict().values()))
     with pytest.raises(ValueError, match="trained on model"):
-        Readouts.load(tmp_path, "other")
-    engine = Engine(make_backend(tiny_model, tokenizer), readouts=loaded)
+        Heads.load(tmp_path, "other")
+    engine = Engine(make_backend(tiny_model, tokenizer), heads=loaded)
     client = TestClient(create_app(engine))
     names = [m["name"] for m in client.get("/v1/models").json()["models"]]
     assert names[0] == f"tiny+{tmp_path.name}"
@@ -116,7 +116,7 @@ def test_files_are_tied_to_the_model_and_listed(tmp_path, tiny_model, tokenizer)
 
 
 def test_fallback_escalates_or_flags_low_confidence(tiny_model, tokenizer):
-    strong = Engine(make_backend(tiny_model, tokenizer), use_facts=False, readouts=Readouts(head("linear", seed=1)))
+    strong = Engine(make_backend(tiny_model, tokenizer), use_facts=False, heads=Heads(head("linear", seed=1)))
     weak = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
     flagged = Engine(make_backend(tiny_model, tokenizer), use_facts=False, fallback_below=1.01)
     d = flagged.decide(STATE, QUESTIONS)
@@ -154,7 +154,7 @@ def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
     val = [e for e in examples if e.item in val_ids]
     before = [
         max(range(len(p)), key=p.__getitem__) == e.gold
-        for p, e in zip(fitting.predict(Readout(ReadoutConfig("linear", 2, 64, True)), val, 1), val)
+        for p, e in zip(fitting.predict(Head(HeadConfig("linear", 2, 64, True)), val, 1), val)
     ]
     final, early, report = training.fit_readouts(
         train, [1, 2], kind="linear", model="tiny", fingerprint="", rl_weight=rl_weight, label_weight=1.0

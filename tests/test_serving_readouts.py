@@ -1,4 +1,4 @@
-"""Readouts in production: several readouts and the base served by one process on one copy of the weights,
+"""Trained heads in production: several heads and the base served by one process on one copy of the weights,
 and fallbacks that speak over HTTP (another System One server; an OpenAI-compatible chat server)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from benchmarks.load import free_port
 from prefill.api import Prefill
 from prefill.engine import Engine, choice_confidence
 from prefill.fallback import UNSCORED_MASS, ChatFallback, SystemOneFallback, answer_probability, parse_answer
-from prefill.readout import Readouts
+from prefill.heads.head import Heads
 from prefill.serving.app import Served, create_app
 
 from .conftest import RAW, make_backend, make_model
@@ -86,7 +86,7 @@ def test_readouts_and_the_base_share_one_copy_of_the_weights(tiny_model, tokeniz
 
     def alone(path=None) -> Engine:  # its own copy of the weights, its own state cache
         backend = make_backend(copy.deepcopy(tiny_model), tokenizer)
-        return Engine(backend, use_facts=False, scoring=RAW, readouts=Readouts.load(path) if path else None)
+        return Engine(backend, use_facts=False, scoring=RAW, heads=Heads.load(path) if path else None)
 
     expected = {"tiny": alone(), "router": alone(heads / "one"), "tone": alone(heads / "two")}
     # interleaved, so each engine meets states the others cached
@@ -205,7 +205,7 @@ def test_unsure_questions_go_to_a_second_prefill_server(tiny_model, tokenizer):
     strong = Engine(
         make_backend(copy.deepcopy(tiny_model), tokenizer),
         use_facts=False,
-        readouts=Readouts(head("linear", seed=1)),
+        heads=Heads(head("linear", seed=1)),
         served_as="strong",
     )
     local = Engine(make_backend(tiny_model, tokenizer), use_facts=False)

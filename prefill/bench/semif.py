@@ -142,7 +142,7 @@ def semif(pf: Prefill, repeats: int, n_questions: int, url: str | None, gguf: st
     )
     t_warm, _ = timed(lambda: pf.engine.ask(STATE, questions), repeats)
     row["prefill_warm_state_s"] = round(t_warm, 3)
-    if pf.engine.readouts is not None:
+    if pf.engine.heads is not None:
         row["early_exit_questions"] = len(pf.engine.decide(STATE, questions).early_exit)
     if url:
         import httpx

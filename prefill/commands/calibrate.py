@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args) -> int:
-    from .. import evaluate
     from ..api import setup
+    from ..evaluation import evaluate
     from ..loading import cache_dir
 
     items = evaluate.load_jsonl(args.data)

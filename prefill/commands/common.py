@@ -25,10 +25,10 @@ def read_arg(value: str, as_json: bool) -> object:
 
 
 def has_adapter(path: str) -> bool:
-    from ..readout import Readouts
+    from ..heads.head import Heads
 
     try:
-        return Readouts.load(path).adapter is not None
+        return Heads.load(path).adapter is not None
     except (OSError, ValueError):
         return False  # reported when it is loaded for real
 

@@ -1,5 +1,5 @@
 """prefill distill: a slow model that answers well teaches a fast prefill on the user's own unlabelled rows
-(prefill/distill.py)."""
+(prefill/heads/distill.py)."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def teacher_of(args, settings: Settings):
 
 
 def run(settings: Settings, args) -> int:
-    from .. import distill, training
     from ..batch import BatchError, load_questions
+    from ..heads import distill, training
 
     out = Path(args.out)
     try:

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args) -> int:
-    from .. import evaluate
+    from ..evaluation import evaluate
 
     items = evaluate.load_jsonl(args.data)
     pf = build_prefill(settings, "eval")
@@ -36,7 +36,7 @@ def run(settings: Settings, args) -> int:
         "data": args.data,
         "facts": "on" if settings.facts else "off",
     }
-    cal = None if pf.engine.readouts else pf.engine.calibration
+    cal = None if pf.engine.heads else pf.engine.calibration
     evaluate.plot_reliability(scored, out / "reliability.png", f"{pf.name}: {Path(args.data).name}", cal)
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -22,7 +22,7 @@ def run(settings: Settings, args) -> int:
     """The same lines any System One server's logs would give: what prefill train reads as a teacher."""
     from tqdm import tqdm
 
-    from .. import evaluate
+    from ..evaluation import evaluate
     from ..schema import SystemOneResponse
 
     pf = build_prefill(settings, "record")

@@ -131,7 +131,7 @@ def engines(settings: Settings, default_model: str | None):
     from ..serving.app import Served
 
     pf = build_prefill(settings, "serve")
-    if pf.engine.readouts is None:  # (a LoRA readout among others was refused by `check`)
+    if pf.engine.heads is None:  # (a LoRA readout among others was refused by `check`)
         for name, path in settings.readouts:
             pf.add_readout(path, name)
     default = default_model or (list(pf.engines)[1] if len(pf.engines) > 1 else pf.engine.name)
@@ -141,7 +141,7 @@ def engines(settings: Settings, default_model: str | None):
 def check(settings: Settings, args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
     from ..api import LORA_CANNOT_SHARE
-    from ..readout import Readouts
+    from ..heads.head import Heads
 
     if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
         raise ValueError("--max-replicas M needs --replicas N with 0 < N <= M (N: the fewest replicas)")
@@ -150,7 +150,7 @@ def check(settings: Settings, args, base: str) -> None:
             raise ValueError(f"--readout {path}: no such file or folder")
     if len(settings.readouts) > 1 and any(has_adapter(path) for _, path in settings.readouts):
         raise ValueError(LORA_CANNOT_SHARE)
-    names = [base] + [name or f"{base}+{Readouts.load(path).name}" for name, path in settings.readouts]
+    names = [base] + [name or f"{base}+{Heads.load(path).name}" for name, path in settings.readouts]
     if len(set(names)) < len(names):
         raise ValueError(f"two served models would have the same name ({names}); name them: --readout NAME=DIR")
     if args.default_model and args.default_model not in names:

@@ -79,7 +79,8 @@ def _fail(message: str) -> int:
 
 
 def _train(settings: Settings, args) -> int:
-    from .. import evaluate, lora, training
+    from ..evaluation import evaluate
+    from ..heads import lora, training
 
     if args.kind == "lora" and settings.dtype is None:
         settings = settings.replace(

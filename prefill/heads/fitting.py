@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .calibration import fit_temperature, rescale
-from .evaluate import Item, answer_labels, gold_index
+from ..evaluation.calibration import fit_temperature, rescale
+from ..evaluation.evaluate import Item, answer_labels, gold_index
+from .head import TYPES, Head, HeadConfig
 from .objective import Batch, masked_log_softmax, mixed_target, objective
-from .readout import TYPES, Readout, ReadoutConfig
 
 
 @dataclass
@@ -101,7 +101,7 @@ def batch(examples: Sequence[Example], layer: int, label_weight: float) -> Batch
     return b
 
 
-def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], str, int]]) -> dict:
+def fit_temperatures(head: Head, out_of_family: Sequence[tuple[list[float], str, int]]) -> dict:
     """A temperature per question type (when it has ≥ 20 questions) from (probabilities, type, gold) of
     questions whose family the head did not train on."""
     for i, qtype in enumerate(TYPES):
@@ -113,7 +113,7 @@ def fit_temperatures(head: Readout, out_of_family: Sequence[tuple[list[float], s
 
 def train_head(
     examples: Sequence[Example],
-    cfg: ReadoutConfig,
+    cfg: HeadConfig,
     layer: int,
     *,
     rl_weight: float = 0.0,
@@ -126,13 +126,13 @@ def train_head(
     seed: int = 0,
     validation: Sequence[Example] = (),
     patience: int = 50,
-) -> tuple[Readout, dict]:
+) -> tuple[Head, dict]:
     """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
     log loss (against the gold label) is kept, and training stops `patience` epochs after it. Weight decay
     pulls the head towards zero, that is towards the training-free answer (α, the weight of the
     log-likelihood, is not decayed)."""
     torch.manual_seed(seed)
-    head = Readout(cfg)
+    head = Head(cfg)
     weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
     groups = [{"params": weights, "weight_decay": weight_decay}]
     if cfg.use_base:
@@ -185,7 +185,7 @@ def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[st
 
 def choose(
     examples: Sequence[Example],
-    cfg: ReadoutConfig,
+    cfg: HeadConfig,
     layer: int,
     *,
     rl_weight: float,
@@ -231,14 +231,14 @@ def choose(
 
 def fit_head(
     examples: Sequence[Example],
-    cfg: ReadoutConfig,
+    cfg: HeadConfig,
     layer: int,
     *,
     rl_weight: float,
     label_weight: float,
     seed: int = 0,
     progress: str | None = None,
-) -> tuple[Readout, dict, list]:
+) -> tuple[Head, dict, list]:
     """`choose`, then train on all of `examples` with the chosen weight decay for the chosen epochs, then
     fit a temperature per question type on the out-of-fold predictions, so the head's probabilities are
     calibrated for data it did not see, not for its training data. Returns the out-of-fold predictions too."""
@@ -261,7 +261,7 @@ def fit_head(
     return head, chosen, calibrated
 
 
-def predict(head: Readout, examples: Sequence[Example], layer: int) -> list[list[float]]:
+def predict(head: Head, examples: Sequence[Example], layer: int) -> list[list[float]]:
     if not examples:
         return []
     b = batch(examples, layer, 1.0)

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .batch import read_rows, state_of
-from .engine import choice_confidence
-from .evaluate import Item, gold_index
-from .schema import AnyQuestion, Choice, Noul
+from ..batch import read_rows, state_of
+from ..engine import choice_confidence
+from ..evaluation.evaluate import Item, gold_index
+from ..schema import AnyQuestion, Choice, Noul
 
 
 @dataclass

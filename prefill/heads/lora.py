@@ -1,6 +1,6 @@
 """LoRA on the base, the heavier readout: low-rank updates to the top decoder layers, trained with the head.
 
-Where the heads of readout.py move only a read-out of frozen hidden states, a LoRA (rank r updates
+Where the heads of head.py move only a read-out of frozen hidden states, a LoRA (rank r updates
 W + (α/r)·B·A to every attention and MLP projection) changes what the model computes. It goes on the TOP
 `top_layers` layers only, for a reason of cost: layers 1..k below stay frozen, so their output for every
 training question is computed once (`CausalLMBackend.layer_inputs`, the served packed pass cut at layer k)
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
+from ..evaluation.evaluate import Item, gold_index
 from . import fitting, training
-from .evaluate import Item, gold_index
 from .fitting import fit_temperatures
+from .head import TYPES, Head, HeadConfig
 from .objective import Batch, mixed_target, objective
-from .readout import TYPES, Readout, ReadoutConfig
 from .training import question_key
 
 # Every linear projection of a Llama/Qwen2/Mistral-style decoder layer.
@@ -118,13 +118,13 @@ def attach(backend, top_layers: int, rank: int):
     return get_peft_model(backend.model, config)
 
 
-def scores(backend, head: Readout, unit: Unit) -> tuple[torch.Tensor, tuple]:
+def scores(backend, head: Head, unit: Unit) -> tuple[torch.Tensor, tuple]:
     loglik, decision, options = backend.forward_from(unit.inputs)
     qtype = torch.tensor([TYPES.index(t) for t in unit.qtypes])
     return head(qtype, decision, options, loglik.clamp(min=-1e4)), (loglik, decision, options)
 
 
-def predict(backend, head: Readout, units: Sequence[Unit]) -> list[list[float]]:
+def predict(backend, head: Head, units: Sequence[Unit]) -> list[list[float]]:
     """Probabilities per question over its declared answers, in unit order."""
     out = []
     with torch.no_grad():
@@ -134,7 +134,7 @@ def predict(backend, head: Readout, units: Sequence[Unit]) -> list[list[float]]:
     return out
 
 
-def validation_loss(backend, head: Readout, units: Sequence[Unit]) -> float:
+def validation_loss(backend, head: Head, units: Sequence[Unit]) -> float:
     """Log loss against the gold answers."""
     preds = predict(backend, head, units)
     return -sum(math.log(max(p[g], 1e-12)) for p, (_, g, _) in zip(preds, labels(units))) / max(len(preds), 1)
@@ -169,8 +169,8 @@ def train(
         )
     peft_model = attach(backend, top_layers, rank)
     hidden = fit[0].inputs.hidden.shape[-1]
-    head = Readout(
-        ReadoutConfig(kind="linear", layer=depth, hidden=hidden, use_base=True, model=model, fingerprint=fingerprint)
+    head = Head(
+        HeadConfig(kind="linear", layer=depth, hidden=hidden, use_base=True, model=model, fingerprint=fingerprint)
     )
     adapter = [p for p in peft_model.parameters() if p.requires_grad]
     groups = [(adapter, lr, 0.0), ([head.w], head_lr, 0.1), ([head.alpha], head_lr, 0.0)]
@@ -198,7 +198,7 @@ def train(
     return peft_model, head, log
 
 
-def _epoch(backend, head: Readout, opt, units: Sequence[Unit], label_weight: float, rl_weight: float) -> None:
+def _epoch(backend, head: Head, opt, units: Sequence[Unit], label_weight: float, rl_weight: float) -> None:
     """One pass over `units` in the order given, one AdamW step per unit."""
     head.train()
     for unit in units:
@@ -210,12 +210,12 @@ def _epoch(backend, head: Readout, opt, units: Sequence[Unit], label_weight: flo
     head.eval()
 
 
-def _snapshot(peft_model, head: Readout) -> tuple[dict, dict]:
+def _snapshot(peft_model, head: Head) -> tuple[dict, dict]:
     adapter = {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}
     return adapter, {k: v.clone() for k, v in head.state_dict().items()}
 
 
-def _restore(peft_model, head: Readout, snapshot: tuple[dict, dict]) -> None:
+def _restore(peft_model, head: Head, snapshot: tuple[dict, dict]) -> None:
     adapter, head_state = snapshot
     params = dict(peft_model.named_parameters())
     with torch.no_grad():

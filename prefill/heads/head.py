@@ -35,7 +35,7 @@ KINDS = ("linear", "pointer", "mlp")
 
 
 @dataclass
-class ReadoutConfig:
+class HeadConfig:
     kind: str  # linear | pointer | mlp
     layer: int  # the decoder layer it reads (1-based; the last layer = the model's depth)
     hidden: int
@@ -48,8 +48,8 @@ class ReadoutConfig:
     notes: dict = field(default_factory=dict)
 
 
-class Readout(nn.Module):
-    def __init__(self, cfg: ReadoutConfig):
+class Head(nn.Module):
+    def __init__(self, cfg: HeadConfig):
         super().__init__()
         if cfg.kind not in KINDS:
             raise ValueError(f"readout kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
@@ -103,9 +103,9 @@ class Readout(nn.Module):
         path.with_suffix(".json").write_text(json.dumps(asdict(self.cfg), indent=2))
 
     @classmethod
-    def load(cls, path: str | Path, fingerprint: str | None = None) -> Readout:
+    def load(cls, path: str | Path, fingerprint: str | None = None) -> Head:
         path = Path(path)
-        cfg = ReadoutConfig(**json.loads(path.with_suffix(".json").read_text()))
+        cfg = HeadConfig(**json.loads(path.with_suffix(".json").read_text()))
         if fingerprint is not None and cfg.fingerprint != fingerprint:
             raise ValueError(
                 f"{path} was trained on model {cfg.model!r} ({cfg.fingerprint[:16]}), "
@@ -117,13 +117,13 @@ class Readout(nn.Module):
 
 
 @dataclass
-class Readouts:
+class Heads:
     """What the engine serves with: the final head, optionally a shallower one for early exit, and the LoRA
     adapter trained with the final head, if any (merged into the backend's weights by the Engine it is
     given to)."""
 
-    final: Readout
-    early: Readout | None = None
+    final: Head
+    early: Head | None = None
     name: str = ""
     adapter: Path | None = None
 
@@ -132,20 +132,20 @@ class Readouts:
         return [self.final.cfg.layer]
 
     @classmethod
-    def load(cls, path: str | Path, fingerprint: str | None = None) -> Readouts:
+    def load(cls, path: str | Path, fingerprint: str | None = None) -> Heads:
         """`path`: a readout file (its .json or .safetensors), or a folder holding final.* and maybe early.*"""
         path = Path(path)
         if path.is_dir():
             early = path / "early.json"
-            final = Readout.load(path / "final.json", fingerprint)
+            final = Head.load(path / "final.json", fingerprint)
             return cls(
-                final, Readout.load(early, fingerprint) if early.is_file() else None, path.name, _adapter(path, final)
+                final, Head.load(early, fingerprint) if early.is_file() else None, path.name, _adapter(path, final)
             )
-        final = Readout.load(path, fingerprint)
+        final = Head.load(path, fingerprint)
         return cls(final, None, path.stem, _adapter(path.parent, final))
 
 
-def _adapter(folder: Path, head: Readout) -> Path | None:
+def _adapter(folder: Path, head: Head) -> Path | None:
     if head.cfg.adapter is None:
         return None
     path = folder / head.cfg.adapter

@@ -211,5 +211,5 @@ class Calibration:
 
 def shipped(fingerprint: str) -> Path | None:
     """A calibration shipped with prefill for this model (fitted by `prefill calibrate`), if any."""
-    path = Path(__file__).parent / "calibrations" / f"{fingerprint[:16]}.json"
+    path = Path(__file__).parents[1] / "calibrations" / f"{fingerprint[:16]}.json"
     return path if path.is_file() else None

@@ -28,11 +28,11 @@ import torch
 from pydantic import TypeAdapter
 from tqdm import tqdm
 
+from ..engine import Engine
+from ..render import render_question
+from ..schema import AnyQuestion, Choice, Noul, Question, Score
 from . import metrics
 from .calibration import Calibration
-from .engine import Engine
-from .render import render_question
-from .schema import AnyQuestion, Choice, Noul, Question, Score
 
 _QUESTIONS = TypeAdapter(dict[str, Question])
 
@@ -252,7 +252,7 @@ def score_uncalibrated(pf, items: Sequence[Item], facts: bool) -> list[LabelledA
         pf.backend,
         max_request_tokens=pf.engine.max_request_tokens,
         use_facts=facts,
-        readouts=pf.engine.readouts,
+        heads=pf.engine.heads,
         scoring=pf.engine.scoring,
     )
     return predict(raw, items)
@@ -262,7 +262,7 @@ def evaluation(pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], fold
     """`prefill eval`'s report: raw, with the engine's calibration (a trained head carries its own),
     calibrated out of fold, and the model generating its answers (`generate`)."""
     result: dict = {"model": pf.name, "fingerprint": pf.backend.fingerprint, "items": len(items), "raw": report(scored)}
-    cal = None if pf.engine.readouts else pf.engine.calibration
+    cal = None if pf.engine.heads else pf.engine.calibration
     if cal is not None:
         result["calibrated"] = report(scored, cal)
         result["temperatures"] = cal.parameters()

@@ -21,10 +21,10 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from .engine import choice_confidence as confidence
-from .evaluate import Item, answer_labels, parse_questions
+from ..engine import choice_confidence as confidence
+from ..evaluation.evaluate import Item, answer_labels, parse_questions
 from .fitting import Example, extract, fit_head, predict, question_key
-from .readout import Readout, ReadoutConfig
+from .head import Head, HeadConfig
 
 
 def read_records(path: str | Path) -> dict[str, list[float]]:
@@ -97,7 +97,7 @@ def fit_readouts(
     exit_loss: float = 0.01,
     seed: int = 0,
     progress: bool = False,
-) -> tuple[Readout, Readout | None, dict]:
+) -> tuple[Head, Head | None, dict]:
     """The final head (on the last cached layer, leaning on the log-likelihoods) and, when two layers are
     cached, the early-exit head (on the first), its threshold fitted on both heads' out-of-fold predictions
     (so no items are set aside: a task with 100 labelled items trains on all 100)."""
@@ -105,7 +105,7 @@ def fit_readouts(
     notes = {"train_questions": len(examples), "rl_weight": rl_weight, "label_weight": label_weight, "seed": seed}
 
     def fit(index: int, use_base: bool, what: str):
-        cfg = ReadoutConfig(
+        cfg = HeadConfig(
             kind=kind,
             layer=layers[index],
             hidden=hidden,
@@ -156,11 +156,11 @@ def fit_early(
     label_weight: float,
     exit_loss: float = 0.01,
     seed: int = 0,
-) -> tuple[Readout, dict]:
+) -> tuple[Head, dict]:
     """The early-exit head on decoder layer `layer` (cached at `index`) beside a final head that cannot be
     refitted per fold (a LoRA's), and its exit threshold: the lowest at which mixing it with the final
     head's answers on `validation` loses at most `exit_loss` accuracy."""
-    cfg = ReadoutConfig(
+    cfg = HeadConfig(
         kind=kind,
         layer=layer,
         hidden=train[0].decision.shape[-1],
