@@ -105,11 +105,15 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
 
 @pytest.fixture(scope="module")
 def served_default():
-    """The default model as `make serve` serves it: default dtype (bf16 on a CPU with bf16 units, where the
-    default model is Qwen2.5-Coder-1.5B; loading.default_name), prompt, scoring and calibration."""
+    """The default model as `make serve` serves it on a CPU with bf16 units (Qwen2.5-Coder-1.5B in bf16;
+    loading.default_name), with the default prompt, scoring and calibration. On a CPU without them it runs
+    in fp32 here (the same answers up to rounding: README "The CPU's matrix units"), while `make serve`
+    serves the faster 0.5B model there, which fails these cases, and says so at start-up
+    (loading.default_note; README "Without bf16 units")."""
     from prefill import Prefill
+    from prefill.loading import DEFAULT_BF16_NAME
 
-    return Prefill(dtype="auto")
+    return Prefill(DEFAULT_BF16_NAME, dtype="auto")
 
 
 @pytest.mark.parametrize("task", ["fr_reviews", "nl_reviews"])

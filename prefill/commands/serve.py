@@ -79,14 +79,17 @@ def run(settings: Settings, args) -> int:
     import uvicorn
 
     from ..backends.cpu import resolve_dtype
-    from ..loading import ModelNotFound, resolve
+    from ..loading import ModelNotFound, default_note, resolve
 
+    dtype = resolve_dtype(settings.dtype)
     try:
         # a wrong path or a missing default model fails now, not in the background
-        check(settings, args, resolve(settings.model, resolve_dtype(settings.dtype)).name)
+        check(settings, args, resolve(settings.model, dtype).name)
     except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
+    if note := default_note(settings.model, dtype):
+        print(f"prefill serve: {note}", file=sys.stderr)
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
     if args.replicas:
         try:
