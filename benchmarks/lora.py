@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from prefill import Prefill, lora, training
+from prefill import Prefill
 from prefill.evaluation.evaluate import load_jsonl
+from prefill.heads import lora, training
 
 from .readouts import HELD_OUT, parser, scores
 

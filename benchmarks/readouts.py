@@ -30,10 +30,12 @@ from pathlib import Path
 
 import torch
 
-from prefill import Prefill, fitting, metrics, training
+from prefill import Prefill
 from prefill.engine import choice_confidence as confidence
 from prefill.engine import softmax
+from prefill.evaluation import metrics
 from prefill.evaluation.evaluate import load_jsonl
+from prefill.heads import fitting, training
 
 HELD_OUT = ("policy_compliance", "guardrail_intent", "upset")
 TYPES = ("noul", "choice", "score")

@@ -415,7 +415,7 @@ def gold_of(row: dict):
 
 
 def metrics_of(rows: list[dict], probs: list[list[float]]) -> dict:
-    from prefill import metrics
+    from prefill.evaluation import metrics
     from prefill.evaluation.calibration import gold_mass
 
     n = len(rows)

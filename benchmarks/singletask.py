@@ -114,7 +114,7 @@ def extract_task(pf, task: str, out: Path, pool_size: int, max_chars: int) -> di
     held-out items, cached in `out`."""
     import torch
 
-    from prefill import fitting
+    from prefill.heads import fitting
 
     path = out / f"features-{task}.pt"
     if path.is_file():
@@ -173,7 +173,7 @@ def draw(data: dict, n: int, seed: int) -> list:
 
 def scored(preds: list[list[float]], examples: list) -> dict:
     """Accuracy, macro-F1 (F1 per answer label, averaged) and ECE of predictions for `examples`."""
-    from prefill import metrics
+    from prefill.evaluation import metrics
 
     pairs = [(p, e.gold) for p, e in zip(preds, examples)]
     return {
@@ -209,8 +209,8 @@ def engine_rows(data: dict, chosen: list[int], calibration) -> dict:
 def served_mix(final, early, test: list, final_index: int, early_index: int) -> tuple[list, float]:
     """What the engine serves with both heads: the early head's answer where it is sure enough, else the
     final head's; and the fraction that exited early."""
-    from prefill import fitting
     from prefill.engine import choice_confidence
+    from prefill.heads import fitting
 
     deep = fitting.predict(final, test, final_index)
     if early is None:
@@ -255,7 +255,7 @@ VARIANTS = {  # name: (head kind, features), each a final head alone
 
 
 def curve_point(data: dict, n: int, seed: int, calibration, variants: list[str]) -> dict:
-    from prefill import fitting, training
+    from prefill.heads import fitting, training
     from prefill.heads.head import HeadConfig
 
     chosen = draw(data, n, seed)

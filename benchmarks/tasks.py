@@ -330,7 +330,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def task_metrics(rows: list[dict], probs: list[list[float]]) -> dict:
     """Accuracy, macro-F1, log loss and ECE of the top answer; AUC of P(yes) (yes/no); Spearman of the
     expected level (score); the majority and chance rates next to them."""
-    from prefill import metrics
+    from prefill.evaluation import metrics
 
     preds = [(p, r["gold"]) for p, r in zip(probs, rows)]
     k = len(probs[0])

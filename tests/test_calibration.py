@@ -11,8 +11,8 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from prefill import metrics
 from prefill.engine import Engine
+from prefill.evaluation import metrics
 from prefill.evaluation.calibration import Calibration, fit_temperature, rescale
 from prefill.serving.app import create_app
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill import distill
+from prefill.heads import distill
 from prefill.schema import Choice, Noul
 
 from .conftest import make_model

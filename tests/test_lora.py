@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
-from prefill import lora
 from prefill.engine import Engine
 from prefill.evaluation.evaluate import Item
+from prefill.heads import lora
 from prefill.heads.head import Head, HeadConfig, Heads
 from prefill.schema import Noul, Score
 

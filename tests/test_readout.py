@@ -10,9 +10,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from prefill import fitting, training
 from prefill.engine import Engine
 from prefill.evaluation.evaluate import Item
+from prefill.heads import fitting, training
 from prefill.heads.head import Head, HeadConfig, Heads
 from prefill.schema import Choice, Noul, Score
 from prefill.serving.app import create_app
