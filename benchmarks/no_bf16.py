@@ -19,23 +19,14 @@ import time
 
 import torch
 
-from prefill import Choice, Noul, Prefill, Score
+from prefill import Prefill
 from prefill.bench import STATE, nouls
+from tests.test_default_model import BROKEN, NEWCOMER, THANKS, TICKET
 
-NEWCOMER = {
-    "refund": Noul("Is the customer asking for money back?"),
-    "team": Choice(
-        "Which team should handle this ticket?",
-        {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"},
-    ),
-    "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
-    "language": Choice("Which language is the message written in?", ["English", "French", "German"]),
-}
 MESSAGES = [  # what a newcomer tries first (tests/test_default_model.py), and three short sentences
-    "Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
-    "still hasn't arrived. Please fix this today or I will dispute the charge with my bank.",
-    "The package arrived broken and I want my money back.",
-    "Thank you so much, the support team fixed my login issue in minutes. Great service!",
+    TICKET,
+    BROKEN,
+    THANKS,
     "He regularly used the 12-string guitar in performance.",
     "Je ne sais pas pourquoi le train est en retard aujourd'hui.",
     "Ich habe gestern ein neues Fahrrad gekauft und bin damit zur Arbeit gefahren.",
