@@ -150,7 +150,7 @@ def default_note(spec: str | None, dtype: str) -> str | None:
     return (
         f"this CPU has no bf16 matrix units (AMX or AVX-512 bf16), so the default is {DEFAULT_NAME} in fp32: "
         f'fast, but often wrong on the language of a message, routing and spam (README "Real tasks"). '
-        f"--model {DEFAULT_BF16_NAME} answers those far better, at about 2-3x the time per request "
+        f"--model {DEFAULT_BF16_NAME} answers those far better, at about 3x the time per request "
         f'(README "Without bf16 units").'
     )
 
