@@ -144,8 +144,11 @@ def default_name(dtype: str | None = None) -> str:
 
 def default_note(spec: str | None, dtype: str) -> str | None:
     """What `prefill serve` tells at start-up when the default model is the fp32 one (a CPU without bf16
-    matrix units): it is the fast choice, not the accurate one, and the accurate one is a flag away."""
-    if spec not in (None, "", "default") or dtype == "bfloat16":
+    matrix units): it is the fast choice, not the accurate one, and the accurate one is a flag away. Not said
+    where the user asked for fp32 on a CPU that has them."""
+    from .backends.cpu import has_bf16_units
+
+    if spec not in (None, "", "default") or dtype == "bfloat16" or has_bf16_units():
         return None
     return (
         f"this CPU has no bf16 matrix units (AMX or AVX-512 bf16), so the default is {DEFAULT_NAME} in fp32: "

@@ -63,14 +63,17 @@ def test_no_bf16_units_keeps_the_fp32_path(monkeypatch, tiny_model, tokenizer):
     assert make_backend(copy.deepcopy(tiny_model).to(torch.bfloat16), tokenizer).packed_linears == 0
 
 
-def test_without_bf16_units_serve_names_the_accurate_model():
+def test_without_bf16_units_serve_names_the_accurate_model(monkeypatch):
     """The fp32 default is the fast model; `prefill serve` says at start-up which one answers better."""
     from prefill import loading
 
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
     note = loading.default_note(None, "float32")
     assert loading.DEFAULT_NAME in note and f"--model {loading.DEFAULT_BF16_NAME}" in note
     assert loading.default_note("default", "bfloat16") is None  # the bf16 default is the accurate one
     assert loading.default_note(loading.DEFAULT_NAME, "float32") is None  # chosen, not defaulted
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert loading.default_note(None, "float32") is None  # fp32 asked for on a CPU that has bf16 units
 
 
 def test_the_environment_sets_the_default(monkeypatch):
