@@ -5,9 +5,12 @@ student a fast one; then the held-out reports side by side.
     # the teacher: Qwen2.5-Coder-1.5B through prefill; the student: all-MiniLM-L6-v2 with a head (encoder route)
     python -m benchmarks.distill_tasks --teacher-model qwen2.5-coder-1.5b-instruct --model all-minilm-l6-v2 \\
         --out out/distill
-    # the teacher: llama.cpp's server on the 1.5B GGUF (OpenAI-compatible), started here
-    python -m benchmarks.distill_tasks --llama-server --tasks language --rows 120 --model all-minilm-l6-v2 \\
-        --out out/distill-llamacpp
+    # the teacher: llama.cpp's server on the 1.5B GGUF (OpenAI-compatible), started here; the student
+    # EmbeddingGemma with a head (README "Distillation": the worked example)
+    python -m benchmarks.distill_tasks --llama-server --tasks language,emails --rows 240 \\
+        --model embeddinggemma-300m --out out/distill-llamacpp
+    python -m benchmarks.distill_tasks --llama-server --tasks lists --rows 180 \\
+        --model embeddinggemma-300m --out out/distill-llamacpp
     python -m benchmarks.distill_tasks --report out/distill out/distill-llamacpp
 """
 
@@ -22,7 +25,14 @@ from pathlib import Path
 from .tasks import TASKS, items
 
 # One question a task: the form a user would ask it in.
-ASKED = {"language": "which", "spam": "kind", "fr_reviews": "sentiment", "drugs": "opinion"}
+ASKED = {
+    "language": "which",
+    "spam": "kind",
+    "emails": "kind",
+    "lists": "route",
+    "fr_reviews": "sentiment",
+    "drugs": "opinion",
+}
 
 
 def write_task(name: str, rows: int, seed: int, folder: Path) -> tuple[Path, Path]:
@@ -79,7 +89,8 @@ def run(args) -> None:
                 *teacher,
             ]
             command += ["--model", args.model] if args.model else []
-            subprocess.run(command + ["--dtype", args.dtype], check=True, stdout=subprocess.DEVNULL)
+            command += ["--dtype", args.dtype, "--kind", args.kind]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     finally:
         if server is not None:
             server.__exit__()
@@ -127,6 +138,7 @@ def main() -> None:
     ap.add_argument("--teacher-model", default=None, help="a model prefill loads as the teacher")
     ap.add_argument("--llama-server", action="store_true", help="the teacher: llama.cpp's server on the 1.5B GGUF")
     ap.add_argument("--model", default=None, help="the student (prefill's --model)")
+    ap.add_argument("--kind", default="auto", help="the student's head (prefill distill --kind)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the table of saved runs")

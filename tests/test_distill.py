@@ -54,6 +54,17 @@ def test_failures_are_retried_recorded_and_retried_again_on_a_rerun(tmp_path):
         distill.Journal(tmp_path / "teacher.jsonl", {"kind": QUESTIONS["kind"]})
 
 
+def test_a_row_edited_between_runs_is_asked_again_not_paired_with_old_answers(tmp_path):
+    journal = distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS)
+    distill.teach(Teacher(), rows(3), QUESTIONS, journal)
+    edited = [*rows(3)[:2], distill.Row(2, 3, "y" * 5, {})]  # row 2 now has another text (len 5: kind 2)
+    again = Teacher()
+    entries = distill.teach(again, edited, QUESTIONS, journal)
+    assert again.calls == 1 and entries[2]["probs"]["kind"] == [0.1, 0.1, 0.8]  # old answer was kind 0
+    assert entries[2]["state"] == distill.digest("y" * 5) and entries[0]["state"] == distill.digest("x")
+    assert distill.teach(Teacher(), edited, QUESTIONS, journal) == entries  # nothing new to ask
+
+
 def test_the_student_learns_the_teachers_top_answer_and_distribution():
     entries = {r.index: {"probs": Teacher().probabilities(r.state, QUESTIONS)[0], "error": None} for r in rows(3)}
     items, targets = distill.student_items(rows(3), entries, QUESTIONS)

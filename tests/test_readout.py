@@ -191,3 +191,30 @@ def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, token
     assert early is None and chosen["held_out"] == "5-fold over items"
     assert math.isfinite(chosen["held_out_log_loss"]) and chosen["temperatures"]["noul"] != 1.0
     assert abs(float(final.temperature[0]) - chosen["temperatures"]["noul"]) < 1e-4  # the head applies it
+
+
+def test_auto_kind_takes_the_pointer_where_the_answer_depends_on_the_text():
+    """Which of eight answers is right depends on the text (the language of a sentence): a linear head,
+    which scores each answer from its own features alone, cannot learn it; `kind="auto"` measures both kinds
+    in model selection and keeps the pointer (seen: a distilled student left at chance with a linear head)."""
+    torch.manual_seed(0)
+    hidden, n, codes = 32, 8, torch.randn(8, 32)
+    examples = []
+    for i in range(80):
+        right = i % n
+        decision = (codes[right] + 0.3 * torch.randn(hidden))[None]  # the text: near its answer's code
+        options = (codes + 0.3 * torch.randn(n, hidden))[:, None]  # each answer: near its own code
+        labels = [f"l{k}" for k in range(n)]
+        examples.append(fitting.Example(i, "t", "choice", decision, options, torch.zeros(n), right, labels))
+    train, val = examples[:64], examples[64:]
+    _, _, linear = training.fit_readouts(
+        train, [1], kind="linear", model="m", fingerprint="", rl_weight=0.0, label_weight=1.0
+    )
+    final, _, auto = training.fit_readouts(
+        train, [1], kind="auto", model="m", fingerprint="", rl_weight=0.0, label_weight=1.0
+    )
+    losses = auto["final"]["kinds_held_out_log_loss"]
+    assert auto["final"]["kind"] == final.cfg.kind == "pointer" and losses["pointer"] < losses["linear"]
+    assert linear["final"]["kind"] == "linear" and linear["final"]["held_out_log_loss"] > 1.5  # near log 8
+    right = [max(range(n), key=p.__getitem__) == e.gold for p, e in zip(fitting.predict(final, val, 0), val)]
+    assert sum(right) >= 14  # of 16 held-out texts

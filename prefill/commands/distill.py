@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.95,
         help="the cascade's target: the threshold escalating fewest questions that reaches it",
     )
+    p.add_argument(
+        "--kind",
+        default="auto",
+        choices=["linear", "pointer", "mlp", "auto"],
+        help="the student's head (prefill train --kind); auto (default): linear or pointer, whichever has the "
+        "lower held-out log loss on the training rows",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out",
@@ -112,7 +119,7 @@ def run(settings: Settings, args) -> int:
         items,
         targets,
         layers,
-        kind="linear",
+        kind=args.kind,
         model=student.name,
         rl_weight=0.0,
         label_weight=0.0,

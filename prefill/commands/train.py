@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kind",
         default="linear",
-        choices=["linear", "pointer", "mlp", "lora"],
-        help="lora: a LoRA on the top layers trained with a linear head (lora.py); heavier, slower",
+        choices=["linear", "pointer", "mlp", "auto", "lora"],
+        help="auto: linear or pointer, whichever has the lower held-out log loss; lora: a LoRA on the top "
+        "layers trained with a linear head (lora.py); heavier, slower",
     )
     p.add_argument("--lora-layers", type=int, default=8, help="lora: how many top decoder layers get the adapter")
     p.add_argument("--lora-rank", type=int, default=8)

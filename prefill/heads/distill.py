@@ -16,6 +16,7 @@ prefill (System One) on the user's own unlabelled rows.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -64,8 +65,15 @@ def read_distill_rows(
 # ---------------------------------------------------------------- 1. the teacher answers
 
 
+def digest(state: Any) -> str:
+    """What ties a journal entry to its row's content, so that an edited input file is re-asked, not paired
+    with answers to another text."""
+    return hashlib.sha256(json.dumps(state, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 class Journal:
-    """teacher.jsonl: one line per row taught, {row, probs, error, seconds}; a rerun keeps what is there."""
+    """teacher.jsonl: one line per row taught, {row, state, probs, error, seconds} (`state`: the row's
+    `digest`); a rerun keeps what is there for rows whose content has not changed."""
 
     def __init__(self, path: Path, questions: Mapping[str, AnyQuestion]):
         self.path = path
@@ -94,12 +102,14 @@ def ask_teacher(teacher, row: Row, questions: Mapping[str, AnyQuestion], retries
     for attempt in range(retries + 1):
         try:
             probs, _, _ = teacher.probabilities(row.state, questions)
-            return {"row": row.index, "probs": probs, "error": None, "seconds": time.perf_counter() - started}
+            seconds = time.perf_counter() - started
+            return {"row": row.index, "state": digest(row.state), "probs": probs, "error": None, "seconds": seconds}
         except Exception as e:  # noqa: BLE001 — a refusal, timeout or unparseable reply is counted, not fatal
             error = f"{type(e).__name__}: {e}"
             if attempt < retries:
                 time.sleep(0.5 * 2**attempt)
-    return {"row": row.index, "probs": None, "error": error, "seconds": time.perf_counter() - started}
+    seconds = time.perf_counter() - started
+    return {"row": row.index, "state": digest(row.state), "probs": None, "error": error, "seconds": seconds}
 
 
 def teach(
@@ -114,10 +124,16 @@ def teach(
 ) -> dict[int, dict]:
     """Every row the journal has no answer for yet (new rows, and rows that failed before), asked
     `concurrency` at a time, at most `rate` rows a second; the journal's entries, old and new (the last per
-    row)."""
+    row), for the rows as they are now (an entry for a row whose text has changed since is dropped and the
+    row asked again)."""
     from tqdm import tqdm
 
-    done = {i for i, e in journal.entries().items() if not e["error"]}
+    current = {r.index: digest(r.state) for r in rows}
+
+    def kept() -> dict[int, dict]:
+        return {i: e for i, e in journal.entries().items() if e.get("state", current.get(i)) == current.get(i)}
+
+    done = {i for i, e in kept().items() if not e["error"]}
     pending = [r for r in rows if r.index not in done]
     gap = 1.0 / rate if rate else 0.0
     with (
@@ -131,7 +147,7 @@ def teach(
         for future in as_completed(futures):
             journal.append(future.result())
             bar.update()
-    return journal.entries()
+    return kept()
 
 
 def teacher_summary(entries: Mapping[int, dict], questions: Mapping[str, AnyQuestion]) -> dict:
