@@ -125,15 +125,9 @@ def fit_readouts(
             fingerprint=fingerprint,
             notes=dict(notes),
         )
-        label = f"{what} (layer {layers[index]})" if progress else None
+        bar = f"{what} (layer {layers[index]})" if progress else None
         return fit_head(
-            examples,
-            cfg,
-            index % len(layers),
-            rl_weight=rl_weight,
-            label_weight=label_weight,
-            seed=seed,
-            progress=label,
+            examples, cfg, index % len(layers), rl_weight=rl_weight, label_weight=label_weight, seed=seed, progress=bar
         )
 
     kinds = AUTO_KINDS if kind == "auto" else (kind,)
