@@ -23,7 +23,7 @@ from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
 from .evaluation.calibration import Calibration
 from .heads.head import Heads
 from .render import Branches, render_text
-from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage
+from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage, answer_labels
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected
 
@@ -87,6 +87,7 @@ class _Prepared:
     branches: list[Branches]
     qtypes: list[str]
     slot: dict[str, int]
+    labels: list[list[str]] = field(default_factory=list)  # per branch, its answers' names (for trained heads)
 
     def fill(self, per_branch: list[list[float]], exited: set[int]) -> None:
         self.found.probs.update({qid: per_branch[self.slot[qid]] for qid in self.asked})
@@ -228,7 +229,7 @@ class Engine:
             else:
                 for i, p in todo:
                     try:
-                        p.fill(*self._read_heads(p.state_ids, p.branches, p.qtypes))
+                        p.fill(*self._read_heads(p.state_ids, p.branches, p.qtypes, p.labels))
                     except ReadoutUnsupported as e:
                         out[i] = e
         return out
@@ -250,16 +251,17 @@ class Engine:
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
         unique: dict[Branches, int] = {}  # identical questions are scored once, and so answered alike
-        slot, qtypes = {}, []
+        slot, qtypes, labels = {}, [], []
         for qid, q in asked.items():
             slot[qid] = unique.setdefault(renderer.question(q), len(unique))
             if slot[qid] == len(qtypes):
                 qtypes.append(q.type)
+                labels.append(answer_labels(q))
         branches = list(unique)
         found.n_tokens = self._check_limits(state_ids, branches)
         if self.backend.truncates:  # the encoder route cuts a state too long for its positions
             found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
-        return _Prepared(found, asked, state_ids, branches, qtypes, slot)
+        return _Prepared(found, asked, state_ids, branches, qtypes, slot, labels)
 
     def scores(
         self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
@@ -291,7 +293,11 @@ class Engine:
         return softmax(self.calibration.adjust(qtype, loglik) if self.calibration else loglik)
 
     def _read_heads(
-        self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
+        self,
+        state_ids: Sequence[int],
+        branches: Sequence[Branches],
+        qtypes: Sequence[str],
+        labels: Sequence[Sequence[str]],
     ) -> tuple[list[list[float]], set[int]]:
         """Trained heads. With a shallow head, the questions first run through its layers only; those it is
         sure of stop there, the others continue through the remaining layers to the final head."""
@@ -299,23 +305,23 @@ class Engine:
         final = heads.final
         if heads.early is None:
             feats = self.backend.features(state_ids, branches, [final.cfg.layer])
-            return [self._head_probs(final, t, f) for t, f in zip(qtypes, feats)], set()
+            return [self._head_probs(final, t, f, ls) for t, f, ls in zip(qtypes, feats, labels)], set()
         early, shallow = heads.early, {}
 
         def exits(i: int, f) -> bool:
-            shallow[i] = self._head_probs(early, qtypes[i], f)
+            shallow[i] = self._head_probs(early, qtypes[i], f, labels[i])
             return choice_confidence(shallow[i]) >= early.cfg.exit_threshold
 
         pairs = self.backend.features_early_exit(state_ids, branches, early.cfg.layer, final.cfg.layer, exits)
         out = [
-            shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep)
+            shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep, labels[i])
             for i, (_, deep) in enumerate(pairs)
         ]
         return out, {i for i, (_, deep) in enumerate(pairs) if deep is None}
 
     @staticmethod
-    def _head_probs(head, qtype: str, f) -> list[float]:
-        return softmax(head.score(qtype, f.decision[0], f.options[:, 0], f.loglik))
+    def _head_probs(head, qtype: str, f, labels: Sequence[str]) -> list[float]:
+        return softmax(head.score(qtype, f.decision[0], f.options[:, 0], f.loglik, labels))
 
     def _check_limits(self, state: Sequence[int], branches: Sequence[Branches]) -> int:
         longest = len(state) + max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)

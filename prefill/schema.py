@@ -78,6 +78,16 @@ Question = Annotated[Union[Noul, Choice, Score], Field(discriminator="type")]  #
 AnyQuestion = Noul | Choice | Score  # the same, for type hints and isinstance
 
 
+def answer_labels(q: AnyQuestion) -> list[str]:
+    """A question's answers by name, in declared order: yes, no; a choice's option names; a score's levels
+    as "0", "1", ..."""
+    if isinstance(q, Noul):
+        return ["yes", "no"]
+    if isinstance(q, Choice):
+        return list(q.criteria)
+    return [str(i) for i in range(len(q.criteria))]
+
+
 class SystemOneRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # unknown top-level fields are ignored, as the API does
     model: str

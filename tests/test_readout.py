@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from prefill.engine import Engine
 from prefill.evaluation.evaluate import Item
 from prefill.heads import fitting, training
-from prefill.heads.head import Head, HeadConfig, Heads
-from prefill.schema import Choice, Noul, Score
+from prefill.heads.head import Head, HeadConfig, Heads, answer_key
+from prefill.schema import Choice, Noul, Score, answer_labels
 from prefill.serving.app import create_app
 
 from .conftest import RAW, make_backend
@@ -23,7 +23,9 @@ from .test_exactness import QUESTIONS, STATE, TOL, max_delta
 
 def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Head:
     torch.manual_seed(seed)
-    r = Head(HeadConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8))
+    taught = sorted({answer_key(q.type, a) for q in QUESTIONS.values() for a in answer_labels(q)})
+    cfg = HeadConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8, answers=taught)
+    r = Head(cfg)
     with torch.no_grad():
         for p in r.parameters():
             if p.requires_grad:
@@ -39,7 +41,7 @@ def test_an_untrained_head_answers_like_the_plain_engine(tiny_model, tokenizer):
     assert max_delta(plain.ask(STATE, QUESTIONS)[0], headed.ask(STATE, QUESTIONS)[0]) <= TOL
 
 
-@pytest.mark.parametrize("kind", ["linear", "pointer"])
+@pytest.mark.parametrize("kind", ["linear", "pointer", "classes"])
 def test_trained_path_keeps_every_invariance(tiny_model, tokenizer, kind):
     engine = Engine(make_backend(tiny_model, tokenizer), use_facts=False, heads=Heads(head(kind), name="h"))
     plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
@@ -193,28 +195,65 @@ def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, token
     assert abs(float(final.temperature[0]) - chosen["temperatures"]["noul"]) < 1e-4  # the head applies it
 
 
-def test_auto_kind_takes_the_pointer_where_the_answer_depends_on_the_text():
-    """Which of eight answers is right depends on the text (the language of a sentence): a linear head,
-    which scores each answer from its own features alone, cannot learn it; `kind="auto"` measures both kinds
-    in model selection and keeps the pointer (seen: a distilled student left at chance with a linear head)."""
-    torch.manual_seed(0)
+def language_like(n_examples: int, options_informative: bool, seed: int = 0) -> list[fitting.Example]:
+    """Which of eight answers is right depends on the text (the language of a sentence): the decision state
+    lies near its answer's code; each answer's own state lies near the answer's code too, or is noise."""
+    torch.manual_seed(seed)
     hidden, n, codes = 32, 8, torch.randn(8, 32)
     examples = []
-    for i in range(80):
+    for i in range(n_examples):
         right = i % n
-        decision = (codes[right] + 0.3 * torch.randn(hidden))[None]  # the text: near its answer's code
-        options = (codes + 0.3 * torch.randn(n, hidden))[:, None]  # each answer: near its own code
+        decision = (codes[right] + 0.3 * torch.randn(hidden))[None]
+        options = (codes if options_informative else torch.zeros(n, hidden)) + 0.3 * torch.randn(n, hidden)
         labels = [f"l{k}" for k in range(n)]
-        examples.append(fitting.Example(i, "t", "choice", decision, options, torch.zeros(n), right, labels))
+        examples.append(fitting.Example(i, "t", "choice", decision, options[:, None], torch.zeros(n), right, labels))
+    return examples
+
+
+def held_out_right(head: Head, val: list[fitting.Example]) -> int:
+    return sum(max(range(len(p)), key=p.__getitem__) == e.gold for p, e in zip(fitting.predict(head, val, 0), val))
+
+
+def fit(train: list[fitting.Example], kind: str) -> tuple[Head, dict]:
+    final, _, report = training.fit_readouts(
+        train, [1], kind=kind, model="m", fingerprint="", rl_weight=0.0, label_weight=1.0
+    )
+    return final, report["final"]
+
+
+def test_auto_kind_leaves_the_linear_head_where_the_answer_depends_on_the_text():
+    """A linear head scores each answer from its own features alone and cannot learn which one matches the
+    text; `kind="auto"` measures the kinds in model selection and keeps one that can (seen: a distilled
+    student left at chance with a linear head)."""
+    examples = language_like(80, options_informative=True)
     train, val = examples[:64], examples[64:]
-    _, _, linear = training.fit_readouts(
-        train, [1], kind="linear", model="m", fingerprint="", rl_weight=0.0, label_weight=1.0
-    )
-    final, _, auto = training.fit_readouts(
-        train, [1], kind="auto", model="m", fingerprint="", rl_weight=0.0, label_weight=1.0
-    )
-    losses = auto["final"]["kinds_held_out_log_loss"]
-    assert auto["final"]["kind"] == final.cfg.kind == "pointer" and losses["pointer"] < losses["linear"]
-    assert linear["final"]["kind"] == "linear" and linear["final"]["held_out_log_loss"] > 1.5  # near log 8
-    right = [max(range(n), key=p.__getitem__) == e.gold for p, e in zip(fitting.predict(final, val, 0), val)]
-    assert sum(right) >= 14  # of 16 held-out texts
+    _, linear = fit(train, "linear")
+    final, auto = fit(train, "auto")
+    losses = auto["kinds_held_out_log_loss"]
+    assert set(losses) == set(training.AUTO_KINDS) and auto["kind"] == final.cfg.kind != "linear"
+    assert losses[final.cfg.kind] == min(losses.values()) < losses["linear"]
+    assert linear["kind"] == "linear" and linear["held_out_log_loss"] > 1.5  # near log 8
+    assert held_out_right(final, val) >= 14  # of 16 held-out texts
+
+
+def test_classes_head_knows_answers_by_name():
+    """Where the answers' own states say nothing about them (only the question's state tells), the pointer
+    cannot learn and a weight vector per answer taught can; auto takes it. It reads answers by name: options
+    listed in another order get the same scores, and an answer it was not taught gets the untrained score
+    (alpha times the log-likelihood)."""
+    examples = language_like(80, options_informative=False)
+    train, val = examples[:64], examples[64:]
+    _, pointer = fit(train, "pointer")
+    final, auto = fit(train, "auto")
+    assert auto["kind"] == final.cfg.kind == "classes" and pointer["held_out_log_loss"] > 1.5
+    assert held_out_right(final, val) >= 14
+    assert final.cfg.answers == [answer_key("choice", f"l{k}") for k in range(8)]
+    e = val[0]
+    decision, options, loglik = e.decision[0], e.options[:, 0], torch.linspace(-3.0, -1.0, 8)
+    forward = final.score("choice", decision, options, loglik.tolist(), e.labels)
+    backward = final.score("choice", decision, options.flip(0), loglik.flip(0).tolist(), e.labels[::-1])
+    assert max(abs(a - b) for a, b in zip(forward, backward[::-1])) < 1e-5
+    unknown = final.score("choice", decision, options, loglik.tolist(), ["l0", "l1", "other", *e.labels[3:]])
+    alpha, temperature = float(final.alpha[1]), float(final.temperature[1])
+    assert abs(unknown[2] - alpha * float(loglik[2]) / temperature) < 1e-5
+    assert max(abs(a - b) for a, b in zip(unknown[:2] + unknown[3:], forward[:2] + forward[3:])) < 1e-5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import socket
 import subprocess
@@ -22,7 +23,14 @@ from fastapi.testclient import TestClient
 from benchmarks.load import free_port
 from prefill.api import Prefill
 from prefill.engine import Engine, choice_confidence
-from prefill.fallback import UNSCORED_MASS, ChatFallback, SystemOneFallback, answer_probability, parse_answer
+from prefill.fallback import (
+    UNSCORED_MASS,
+    ChatFallback,
+    SystemOneFallback,
+    answer_distribution,
+    answer_probability,
+    parse_answer,
+)
 from prefill.heads.head import Heads
 from prefill.serving.app import Served, create_app
 
@@ -276,6 +284,45 @@ def test_chat_replies_are_read_as_declared_answers():
     text = '{"answer": "Billing"}'
     assert abs(answer_probability(logprobs, text, "Billing") - torch.exp(torch.tensor(-0.3)).item()) < 1e-6
     assert answer_probability(None, text, "Billing") is None
+
+
+def test_chat_top_logprobs_give_the_models_distribution_over_the_declared_answers():
+    """As llama.cpp's server answered "Which language...?" for "Bonjour, comment vas-tu ?" under the JSON
+    schema (the alternatives are the model's, before the grammar: it wanted "language" as the key)."""
+    alternatives = [("French", -0.4), ("English", -1.31), ("Spanish", -4.19), ("F", -4.86), ("Fran", -6.1)]
+    top = [{"token": t, "logprob": lp} for t, lp in alternatives]
+    logprobs = {
+        "content": [
+            {"token": "{", "logprob": 0.0, "top_logprobs": [{"token": "{", "logprob": 0.0}]},
+            {"token": '"', "logprob": 0.0, "top_logprobs": []},
+            {"token": "answer", "logprob": -7.47, "top_logprobs": [{"token": "language", "logprob": -0.08}]},
+            {"token": '": "', "logprob": 0.0, "top_logprobs": []},
+            {"token": "French", "logprob": -0.4, "top_logprobs": top},
+            {"token": '"}', "logprob": -0.02, "top_logprobs": []},
+        ]
+    }
+    text, answers = '{"answer": "French"}', ["English", "French", "German", "Spanish"]
+    got = answer_distribution(logprobs, text, answers, 1)
+    e = math.exp
+    seen = sum(e(lp) for _, lp in alternatives)
+    mass = [e(-1.31), e(-0.4) + e(-4.86), min(e(-6.1), 1 - seen), e(-4.19)]  # "Fran" begins none; German unlisted
+    assert max(abs(g - m / sum(mass)) for g, m in zip(got, mass)) < 1e-9
+    assert got[1] > got[0] > got[3] > got[2] and abs(sum(got) - 1) < 1e-9
+    # two answers that begin with the same token: the chosen one keeps its own path, the other what is left
+    shared = {
+        "content": [
+            {
+                "token": "Bill",
+                "logprob": -0.1,
+                "top_logprobs": [{"token": "Bill", "logprob": -0.1}, {"token": "Tech", "logprob": -2.5}],
+            },
+            {"token": "ing", "logprob": -0.2, "top_logprobs": []},
+        ]
+    }
+    got = answer_distribution(shared, "Billing", ["Billing", "Bill", "Technical"], 0)
+    mass = [e(-0.3), e(-0.1) - e(-0.3), e(-2.5)]
+    assert max(abs(g - m / sum(mass)) for g, m in zip(got, mass)) < 1e-9
+    assert answer_distribution({"content": [{"token": "Billing", "logprob": -0.1}]}, "Billing", answers, 0) is None
 
 
 @pytest.fixture(scope="module")

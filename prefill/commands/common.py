@@ -84,3 +84,18 @@ def add_rows_arguments(p) -> None:
     p.add_argument(
         "--state-field", default=None, help="the field or column that is the state (default: the whole record)"
     )
+
+
+def add_kind_argument(p, default: str, extra: tuple[str, ...] = (), more_help: str = "") -> None:
+    """`--kind`, the trained head's kind, as `prefill train` and `prefill distill` both take it."""
+    from ..heads.head import KINDS
+    from ..heads.training import AUTO_KINDS
+
+    p.add_argument(
+        "--kind",
+        default=default,
+        choices=[*KINDS, "auto", *extra],
+        help=f"the head (heads/head.py; default {default}): linear, pointer, mlp, classes (a weight vector per "
+        f"answer taught: for fixed questions), or auto: whichever of {', '.join(AUTO_KINDS)} has the lowest "
+        f"held-out log loss{more_help}",
+    )

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .common import add_rows_arguments, build_prefill, read_arg
+from .common import add_kind_argument, add_rows_arguments, build_prefill, read_arg
 
 HELP = "teach a fast prefill head from a slower model's answers on your own rows"
 
@@ -48,13 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.95,
         help="the cascade's target: the threshold escalating fewest questions that reaches it",
     )
-    p.add_argument(
-        "--kind",
-        default="auto",
-        choices=["linear", "pointer", "mlp", "auto"],
-        help="the student's head (prefill train --kind); auto (default): linear or pointer, whichever has the "
-        "lower held-out log loss on the training rows",
-    )
+    add_kind_argument(p, "auto", more_help=" on the training rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..backends.base import ReadoutUnsupported
 from ..settings import Settings
-from .common import build_prefill
+from .common import add_kind_argument, build_prefill
 
 HELP = "train readout heads on the frozen model, distilled from a teacher (RLCD)"
 # Where a head on the encoder route may serve better, and where the numbers are: README "Encoder route vs
@@ -31,12 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "repeatable; without it the gold labels are the target",
     )
     p.add_argument("--label-weight", type=float, default=0.5, help="weight of the gold label in the target")
-    p.add_argument(
-        "--kind",
-        default="linear",
-        choices=["linear", "pointer", "mlp", "auto", "lora"],
-        help="auto: linear or pointer, whichever has the lower held-out log loss; lora: a LoRA on the top "
-        "layers trained with a linear head (lora.py); heavier, slower",
+    add_kind_argument(
+        p, "linear", ("lora",), "; lora: a LoRA on the top layers trained with a linear head (lora.py), heavier"
     )
     p.add_argument("--lora-layers", type=int, default=8, help="lora: how many top decoder layers get the adapter")
     p.add_argument("--lora-rank", type=int, default=8)

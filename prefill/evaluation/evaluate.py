@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ..engine import Engine
 from ..render import render_question
-from ..schema import AnyQuestion, Choice, Noul, Question, Score
+from ..schema import AnyQuestion, Choice, Noul, Question, Score, answer_labels
 from . import metrics
 from .calibration import Calibration
 
@@ -81,14 +81,6 @@ def gold_index(q: AnyQuestion, gold: Any) -> int:
     if not isinstance(gold, int) or not 0 <= gold < len(q.criteria):
         raise ValueError(f"score gold must be a level index 0..{len(q.criteria) - 1}, not {gold!r}")
     return gold
-
-
-def answer_labels(q: AnyQuestion) -> list[str]:
-    if isinstance(q, Noul):
-        return ["yes", "no"]
-    if isinstance(q, Choice):
-        return list(q.criteria)
-    return [str(i) for i in range(len(q.criteria))]
 
 
 def vector(answer) -> list[float]:

@@ -11,14 +11,15 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm import tqdm
 
 from ..evaluation.calibration import fit_temperature, rescale
-from ..evaluation.evaluate import Item, answer_labels, gold_index
-from .head import TYPES, Head, HeadConfig
+from ..evaluation.evaluate import Item, gold_index
+from ..schema import answer_labels
+from .head import TYPES, Head, HeadConfig, answer_key
 from .objective import Batch, masked_log_softmax, mixed_target, objective
 
 
@@ -75,6 +76,15 @@ def extract(
     return out
 
 
+def keys(e: Example) -> list[str]:
+    return [answer_key(e.qtype, label) for label in e.labels]
+
+
+def taught(examples: Sequence[Example]) -> list[str]:
+    """The answers a classes head learns a weight vector for: those its training examples declare."""
+    return sorted({k for e in examples for k in keys(e)})
+
+
 def target(e: Example, label_weight: float) -> torch.Tensor:
     return mixed_target(len(e.labels), e.gold, e.teacher, label_weight)
 
@@ -91,6 +101,7 @@ def batch(examples: Sequence[Example], layer: int, label_weight: float) -> Batch
         torch.zeros(B, n, dtype=torch.bool),
         torch.zeros(B, n),
         torch.tensor([e.qtype == "score" for e in examples]),
+        [keys(e) for e in examples],
     )
     for i, e in enumerate(examples):
         k = len(e.labels)
@@ -132,7 +143,7 @@ def train_head(
     pulls the head towards zero, that is towards the training-free answer (α, the weight of the
     log-likelihood, is not decayed)."""
     torch.manual_seed(seed)
-    head = Head(cfg)
+    head = Head(replace(cfg, answers=taught(examples)) if cfg.kind == "classes" else cfg)
     weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
     groups = [{"params": weights, "weight_decay": weight_decay}]
     if cfg.use_base:
@@ -143,7 +154,7 @@ def train_head(
     best = (math.inf, None, -1)
     for epoch in range(epochs):
         head.train()
-        s = head(b.qtype, b.decision, b.options, b.loglik)
+        s = head(b.qtype, b.decision, b.options, b.loglik, b.answers)
         loss = objective(s, b, rl_weight, group, sigma)
         opt.zero_grad()
         loss.backward()
@@ -151,7 +162,7 @@ def train_head(
         if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
             head.eval()
             with torch.no_grad():
-                vloss = float(objective(head(v.qtype, v.decision, v.options, v.loglik), v))
+                vloss = float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
             if vloss < best[0]:
                 best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
             elif epoch + 1 - best[2] >= patience:
@@ -266,5 +277,5 @@ def predict(head: Head, examples: Sequence[Example], layer: int) -> list[list[fl
         return []
     b = batch(examples, layer, 1.0)
     with torch.no_grad():
-        p = masked_log_softmax(head(b.qtype, b.decision, b.options, b.loglik), b.mask).exp()
+        p = masked_log_softmax(head(b.qtype, b.decision, b.options, b.loglik, b.answers), b.mask).exp()
     return [p[i, : len(e.labels)].tolist() for i, e in enumerate(examples)]

@@ -1,16 +1,25 @@
 """Trained readouts: small heads over the frozen model's hidden states, instead of (or beside) its LM head.
 
-Two kinds, both reading the packed pass's hidden states (backends.causal_lm.Features), so packing,
+Four kinds, all reading the packed pass's hidden states (backends.causal_lm.Features), so packing,
 isolation and every invariance of the training-free path hold for them too:
 
 - linear:  s_o = w · norm(h_o)                           (h_o: the hidden state at answer o's end token)
 - pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts)
 - mlp:     s_o = w₂ · gelu(W₁ norm(h_o) + b₁)             (a small MLP, r hidden units; README "Trained on one task")
+- classes: s_o = w_o · norm(h_dec) + b_o                 (a weight vector per answer it was taught, by type and
+                                                          name; an answer it was not taught scores 0, as an
+                                                          untrained head does)
 
 plus, when the head reads the last layer, α_type · loglik_o, the training-free score, with α starting at 1
 and the head at 0: an untrained readout answers exactly like the plain engine, and training only moves it
 where the data says so. A head on an intermediate layer has no log-likelihood to lean on (the LM head
 reads the last layer only); it is what early exit uses.
+
+Why classes: the other three score an answer from its own hidden state (or compare it with the decision's
+through a low rank), and must learn from the data what the answer's tokens mean; a weight vector per answer
+is the plain classifier over the question's state, which a few hundred rows teach where the others stay near
+chance (eight languages on EmbeddingGemma: README "Distillation"). It serves only the answers it was taught:
+a head for a user's own fixed questions.
 
 Each head also carries a temperature per question type, fitted by `prefill train` on predictions for
 families the head did not see, and applied whenever it scores.
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,12 +41,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 TYPES = ("noul", "choice", "score")
-KINDS = ("linear", "pointer", "mlp")
+KINDS = ("linear", "pointer", "mlp", "classes")
+
+
+def answer_key(qtype: str, label: str) -> str:
+    """What a classes head knows an answer by: its question's type and its name ("choice:French")."""
+    return f"{qtype}:{label}"
 
 
 @dataclass
 class HeadConfig:
-    kind: str  # linear | pointer | mlp
+    kind: str  # linear | pointer | mlp | classes
     layer: int  # the decoder layer it reads (1-based; the last layer = the model's depth)
     hidden: int
     use_base: bool  # adds α · log-likelihood (only possible on the last layer)
@@ -46,6 +61,7 @@ class HeadConfig:
     exit_threshold: float | None = None  # early exit: stop at this head when its confidence clears this
     adapter: str | None = None  # a LoRA trained with this head (lora.py): a folder beside its file
     notes: dict = field(default_factory=dict)
+    answers: list[str] = field(default_factory=list)  # classes: the answers it was taught (answer_key)
 
 
 class Head(nn.Module):
@@ -61,6 +77,10 @@ class Head(nn.Module):
             self.w1 = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden))
             self.b1 = nn.Parameter(torch.zeros(cfg.rank))
             self.w2 = nn.Parameter(torch.zeros(cfg.rank))
+        elif cfg.kind == "classes":
+            self.table = nn.Parameter(torch.zeros(len(cfg.answers), cfg.hidden))
+            self.bias = nn.Parameter(torch.zeros(len(cfg.answers)))
+            self.known = {a: i for i, a in enumerate(cfg.answers)}
         else:
             self.q = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
             self.k = nn.Parameter(torch.randn(cfg.rank, cfg.hidden) / math.sqrt(cfg.hidden) * 0.01)
@@ -72,12 +92,20 @@ class Head(nn.Module):
         self.register_buffer("temperature", torch.ones(len(TYPES)))
 
     def forward(
-        self, qtype: torch.Tensor, decision: torch.Tensor, options: torch.Tensor, loglik: torch.Tensor
+        self,
+        qtype: torch.Tensor,
+        decision: torch.Tensor,
+        options: torch.Tensor,
+        loglik: torch.Tensor,
+        answers: Sequence[Sequence[str]] = (),
     ) -> torch.Tensor:
         """Scores (logits over the declared answers) for a batch: qtype (B,), decision (B, H), options
-        (B, N, H), loglik (B, N); padded answers are the caller's to mask."""
+        (B, N, H), loglik (B, N), answers (B lists of answer_key; what a classes head reads); padded
+        answers are the caller's to mask."""
         h = self.norm(options)
-        if self.cfg.kind == "linear":
+        if self.cfg.kind == "classes":
+            s = self._classes(decision, answers, options.shape[1])
+        elif self.cfg.kind == "linear":
             s = h @ self.w
         elif self.cfg.kind == "mlp":
             s = torch.nn.functional.gelu(h @ self.w1.T + self.b1) @ self.w2
@@ -87,12 +115,25 @@ class Head(nn.Module):
             s = s + self.alpha[qtype, None] * loglik
         return s / self.temperature[qtype, None]
 
-    def score(self, qtype: str, decision: torch.Tensor, options: torch.Tensor, loglik) -> list[float]:
-        """One question's scores: decision (H,), options (N, H)."""
+    def _classes(self, decision: torch.Tensor, answers: Sequence[Sequence[str]], n: int) -> torch.Tensor:
+        """Each answer's own weight vector against the decision state; 0 for an answer not taught (the
+        zero column appended at the end)."""
+        untaught = len(self.cfg.answers)
+        index = torch.full((len(answers), n), untaught, dtype=torch.long)
+        for b, keys in enumerate(answers):
+            index[b, : len(keys)] = torch.tensor([self.known.get(k, untaught) for k in keys], dtype=torch.long)
+        s = self.norm(decision) @ self.table.T + self.bias
+        return torch.cat([s, s.new_zeros(len(s), 1)], dim=1).gather(1, index)
+
+    def score(
+        self, qtype: str, decision: torch.Tensor, options: torch.Tensor, loglik, labels: Sequence[str] = ()
+    ) -> list[float]:
+        """One question's scores: decision (H,), options (N, H), labels (its answers' names, in order)."""
         with torch.no_grad():
             t = torch.tensor([TYPES.index(qtype)])
             ll = torch.tensor([loglik], dtype=torch.float32).clamp(min=-1e4)
-            return self(t, decision[None].float(), options[None].float(), ll)[0].tolist()
+            keys = [[answer_key(qtype, label) for label in labels]]
+            return self(t, decision[None].float(), options[None].float(), ll, keys)[0].tolist()
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

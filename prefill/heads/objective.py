@@ -11,7 +11,7 @@ Loss (RLCD, as ../shared/docs/background.md summarises the published tutorial):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,7 @@ class Batch:
     mask: torch.Tensor  # (B, N) real answers
     target: torch.Tensor  # (B, N)
     ordinal: torch.Tensor  # (B,) score questions
+    answers: list[list[str]] = field(default_factory=list)  # (B, n) head.answer_key: what a classes head reads
 
 
 def masked_log_softmax(s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..engine import choice_confidence as confidence
-from ..evaluation.evaluate import Item, answer_labels, parse_questions
+from ..evaluation.evaluate import Item, parse_questions
+from ..schema import answer_labels
 from .fitting import Example, extract, fit_head, predict, question_key
 from .head import Head, HeadConfig
 
@@ -85,14 +86,13 @@ def default_layers(depth: int, families: int, early_layer: int | None = None) ->
     return [early, depth] if early else [depth]
 
 
-# `--kind auto` tries these and keeps the one with the lower held-out log loss. Why the pointer: a linear head
-# scores each answer from its own hidden state alone (w · h_o), which cannot say which answer matches the text
-# when that is an interaction (eight languages: "French" must meet a French text); the pointer compares the
-# question's state with each answer's. Measured (`prefill distill`, EmbeddingGemma student taught by llama.cpp's
-# 1.5B on 192 rows, 144 for routing; README "Distillation"): held-out log loss, linear / pointer, language
-# 1.91 / 1.79 (uniform 2.08), spam 0.25 / 0.08, mailing-list routing 1.07 / 1.03: the pointer wins all three,
-# yet learns language little.
-AUTO_KINDS = ("linear", "pointer")
+# `--kind auto` tries these and keeps the one with the lowest held-out log loss. Why more than linear: a linear
+# head scores each answer from its own hidden state alone (w · h_o), which cannot say which answer matches the
+# text when that is an interaction (eight languages: "French" must meet a French text); the pointer compares
+# the question's state with each answer's through a low rank, and classes gives each answer taught its own
+# weight vector on the question's state (for fixed questions: what distillation trains). Measured: README
+# "Distillation" (`prefill distill`, EmbeddingGemma students).
+AUTO_KINDS = ("linear", "pointer", "classes")
 
 
 def fit_readouts(
