@@ -12,6 +12,10 @@ student a fast one; then the held-out reports side by side.
     python -m benchmarks.distill_tasks --llama-server --tasks lists --rows 180 \\
         --model embeddinggemma-300m --out out/distill-llamacpp
     python -m benchmarks.distill_tasks --report out/distill out/distill-llamacpp
+    # the teacher's seconds a row measured alone, on the first rows a run wrote (when its journal's timings
+    # shared the CPU with something else)
+    python -m benchmarks.distill_tasks --time-teacher 8 --teacher-model qwen2.5-coder-1.5b-instruct \
+        --tasks language,emails --out out/distill-15b
 """
 
 from __future__ import annotations
@@ -130,6 +134,35 @@ def report(outs: list[Path]) -> None:
             )
 
 
+def time_teacher(args) -> None:
+    """The call `prefill distill` makes of a teacher prefill loads (Engine.probabilities on the row's state and
+    the task's question), timed on the first `--time-teacher` rows of each task's rows.jsonl, after one
+    warm-up row."""
+    import statistics
+    import time
+
+    from prefill.api import Prefill
+    from prefill.batch import load_questions
+    from prefill.heads import distill
+
+    engine = Prefill(model=args.teacher_model, dtype=args.dtype).engine
+    for task in args.tasks.split(","):
+        folder = Path(args.out) / task
+        questions = load_questions(json.loads((folder / "questions.json").read_text()))
+        rows, _ = distill.read_distill_rows(folder / "rows.jsonl", questions, "text", "gold")
+        engine.probabilities(rows[-1].state, questions)
+        seconds = []
+        for row in rows[: args.time_teacher]:
+            started = time.perf_counter()
+            engine.probabilities(row.state, questions)
+            seconds.append(time.perf_counter() - started)
+            print(f"{task}: row {row.index}: {seconds[-1]:.2f} s", file=sys.stderr)
+        print(
+            f"{task}: the teacher alone, {statistics.mean(seconds):.2f} s a row on average "
+            f"(median {statistics.median(seconds):.2f}) over {len(seconds)} rows"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="language,spam,fr_reviews")
@@ -142,9 +175,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the table of saved runs")
+    ap.add_argument("--time-teacher", type=int, default=0, help="only time the teacher alone on this many rows")
     args = ap.parse_args()
     if args.report:
         report([Path(p) for p in args.report])
+    elif args.time_teacher:
+        time_teacher(args)
     elif not args.out or not (args.teacher_model or args.llama_server):
         ap.error("--out and a teacher (--teacher-model or --llama-server) are needed to run")
     else:
