@@ -72,6 +72,18 @@ def test_the_student_learns_the_teachers_top_answer_and_distribution():
     assert all(it.gold["urgent"] is False for it in items) and len(targets) == 6
 
 
+def test_the_gold_field_is_never_part_of_the_state(tmp_path):
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps({"text": "charged twice", "id": 7, "gold": "billing"}) + "\n")
+    q = {"kind": QUESTIONS["kind"]}
+    (row,), _ = distill.read_distill_rows(source, q, None, "gold")
+    assert row.state == {"text": "charged twice", "id": 7} and row.gold == {"kind": "billing"}
+    (row,), _ = distill.read_distill_rows(source, q, "text", "gold")
+    assert row.state == "charged twice"
+    (row,), _ = distill.read_distill_rows(source, q, None, None)  # no gold field named: the whole record
+    assert row.state["gold"] == "billing" and row.gold == {}
+
+
 def test_held_out_report_and_cascade_as_defined():
     held = [distill.Row(i, i, "x" * (i + 1), {"kind": "bug"}) for i in range(4)]
     entries = {r.index: {"probs": Teacher().probabilities(r.state, QUESTIONS)[0], "error": None} for r in held}
