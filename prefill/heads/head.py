@@ -119,7 +119,7 @@ class Head(nn.Module):
         """Each answer's own weight vector against the decision state; 0 for an answer not taught (the
         zero column appended at the end)."""
         untaught = len(self.cfg.answers)
-        index = torch.full((len(answers), n), untaught, dtype=torch.long)
+        index = torch.full((len(decision), n), untaught, dtype=torch.long)
         for b, keys in enumerate(answers):
             index[b, : len(keys)] = torch.tensor([self.known.get(k, untaught) for k in keys], dtype=torch.long)
         s = self.norm(decision) @ self.table.T + self.bias
