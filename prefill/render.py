@@ -101,12 +101,13 @@ def render_question(
     return _render_score_names(q) if score_words == "names" else _render_score(q)
 
 
+def _question_line(q: AnyQuestion, default: str) -> str:
+    """The question as asked, or the type's default when the request gives no instructions."""
+    return f"Question: {render_text(q.instructions) if q.instructions is not None else default}"
+
+
 def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
-    lines = [
-        f"Question: {render_text(q.instructions)}"
-        if q.instructions is not None
-        else "Question: Does the description below hold for the text?"
-    ]
+    lines = [_question_line(q, "Does the description below hold for the text?")]
     crit = q.criteria
     if crit is not None and crit.true is not None:
         lines.append(f"{yes} means: {_inline(crit.true)}")
@@ -118,9 +119,7 @@ def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
 
 def _render_choice(q: Choice) -> Rendered:
     lines = [
-        f"Question: {render_text(q.instructions)}"
-        if q.instructions is not None
-        else "Question: Which option fits the text best?",
+        _question_line(q, "Which option fits the text best?"),
         "Options:",
     ]
     for name in sorted(q.criteria):  # canonical order: the request's option order must not matter
@@ -132,9 +131,7 @@ def _render_choice(q: Choice) -> Rendered:
 
 def _render_score(q: Score) -> Rendered:
     lines = [
-        f"Question: {render_text(q.instructions)}"
-        if q.instructions is not None
-        else "Question: Which level fits the text best?",
+        _question_line(q, "Which level fits the text best?"),
         "Levels:",
     ]
     lines += [f"{i}: {_inline(level)}" for i, level in enumerate(q.criteria)]
@@ -147,9 +144,7 @@ def _render_score_names(q: Score) -> Rendered:
     level with no words is answered by its number."""
     names = [_inline(level) or str(i) for i, level in enumerate(q.criteria)]
     lines = [
-        f"Question: {render_text(q.instructions)}"
-        if q.instructions is not None
-        else "Question: Which level fits the text best?",
+        _question_line(q, "Which level fits the text best?"),
         "Levels, from lowest to highest:",
     ]
     lines += [f"- {name}" for name in names]

@@ -41,13 +41,13 @@ def rows(n: int) -> list[distill.Row]:
 def test_failures_are_retried_recorded_and_retried_again_on_a_rerun(tmp_path):
     journal = distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS)
     teacher = Teacher(broken={"xx"})
-    entries = distill.teach(teacher, rows(5), QUESTIONS, journal, concurrency=3, retries=1)
+    entries = distill.teach(lambda: teacher, rows(5), QUESTIONS, journal, concurrency=3, retries=1)
     assert len(entries) == 5 and entries[1]["error"].startswith("TimeoutError") and entries[1]["probs"] is None
     assert teacher.calls == 4 + 2  # four rows once, the broken one twice (one retry)
     summary = distill.teacher_summary(entries, QUESTIONS)
     assert summary["failed_rows"] == 1 and summary["rows"] == 5
     again = Teacher()
-    entries = distill.teach(again, rows(6), QUESTIONS, distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS))
+    entries = distill.teach(lambda: again, rows(6), QUESTIONS, distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS))
     assert again.calls == 2  # the failed row and the new one, nothing else
     assert all(e["error"] is None for e in entries.values()) and len(entries) == 6
     with pytest.raises(ValueError, match="other questions"):
@@ -56,13 +56,17 @@ def test_failures_are_retried_recorded_and_retried_again_on_a_rerun(tmp_path):
 
 def test_a_row_edited_between_runs_is_asked_again_not_paired_with_old_answers(tmp_path):
     journal = distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS)
-    distill.teach(Teacher(), rows(3), QUESTIONS, journal)
+    distill.teach(Teacher, rows(3), QUESTIONS, journal)
     edited = [*rows(3)[:2], distill.Row(2, 3, "y" * 5, {})]  # row 2 now has another text (len 5: kind 2)
     again = Teacher()
-    entries = distill.teach(again, edited, QUESTIONS, journal)
+    entries = distill.teach(lambda: again, edited, QUESTIONS, journal)
     assert again.calls == 1 and entries[2]["probs"]["kind"] == [0.1, 0.1, 0.8]  # old answer was kind 0
     assert entries[2]["state"] == distill.digest("y" * 5) and entries[0]["state"] == distill.digest("x")
-    assert distill.teach(Teacher(), edited, QUESTIONS, journal) == entries  # nothing new to ask
+
+    def never():
+        raise AssertionError("the teacher was made with nothing to ask")
+
+    assert distill.teach(never, edited, QUESTIONS, journal) == entries  # nothing new to ask: no teacher made
 
 
 def test_the_student_learns_the_teachers_top_answer_and_distribution():

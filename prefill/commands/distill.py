@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -59,12 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def teacher_of(args, settings: Settings):
-    """The remote teacher, or a model prefill loads as the teacher."""
+    """How to make the teacher (the remote one, or a model prefill loads), checked now, made when needed."""
     from ..api import Prefill
     from ..fallback import remote
 
     if args.teacher:
-        return remote(
+        return functools.partial(
+            remote,
             args.teacher,
             args.teacher_kind,
             model=args.teacher_model,
@@ -73,7 +75,7 @@ def teacher_of(args, settings: Settings):
         )
     if not args.teacher_model:
         raise ValueError("give the teacher: --teacher URL, or --teacher-model NAME for a model prefill loads")
-    return Prefill(settings=settings.replace(model=args.teacher_model, readouts=(), fallback_below=None)).engine
+    return lambda: Prefill(settings=settings.replace(model=args.teacher_model, readouts=(), fallback_below=None)).engine
 
 
 def run(settings: Settings, args) -> int:

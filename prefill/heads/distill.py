@@ -23,7 +23,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +116,7 @@ def ask_teacher(teacher, row: Row, questions: Mapping[str, AnyQuestion], retries
 
 
 def teach(
-    teacher,
+    connect: Callable[[], Any],
     rows: Sequence[Row],
     questions: Mapping[str, AnyQuestion],
     journal: Journal,
@@ -128,7 +128,9 @@ def teach(
     """Every row the journal has no answer for yet (new rows, and rows that failed before), asked
     `concurrency` at a time, at most `rate` rows a second; the journal's entries, old and new (the last per
     row), for the rows as they are now (an entry for a row whose text has changed since is dropped and the
-    row asked again)."""
+    row asked again). `connect()` makes the teacher, called only when a row needs asking: retraining the
+    student on a finished journal (another --kind or --model) never loads a local teacher (the 1.5B: about
+    30 s and 6 GB) or opens a connection."""
     from tqdm import tqdm
 
     current = {r.index: digest(r.state) for r in rows}
@@ -139,6 +141,7 @@ def teach(
     done = {i for i, e in kept().items() if not e["error"]}
     pending = [r for r in rows if r.index not in done]
     gap = 1.0 / rate if rate else 0.0
+    teacher = connect() if pending else None
     with (
         ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
         tqdm(total=len(rows), initial=len(rows) - len(pending), desc="teacher", unit="row", file=sys.stderr) as bar,
