@@ -230,3 +230,15 @@ def test_distill_needs_a_teacher(model_dirs, tmp_path):
         str(tmp_path / "head"),
     )
     assert run.returncode == 2 and "--teacher" in run.stderr
+
+
+def test_a_bad_teacher_is_a_usage_error_before_any_row_is_asked(model_dirs, tmp_path):
+    """The teacher is made only when a row needs asking, but what is wrong with how it was given is said at
+    once, as a usage error (exit 2), not a traceback from inside the run."""
+    write_inputs(tmp_path)
+    out = ["--model", str(model_dirs[1]), "--out", str(tmp_path / "head")]
+    no_name = run_distill(tmp_path, "--teacher", "http://127.0.0.1:9", "--teacher-kind", "openai", *out)
+    assert no_name.returncode == 2 and "--teacher-model" in no_name.stderr and "Traceback" not in no_name.stderr
+    missing = run_distill(tmp_path, "--teacher-model", str(tmp_path / "nowhere.gguf"), *out)
+    assert missing.returncode == 2 and "nowhere.gguf" in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "head" / "teacher.jsonl").exists()  # no journal started for a teacher that cannot be

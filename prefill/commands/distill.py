@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -60,27 +59,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def teacher_of(args, settings: Settings):
-    """How to make the teacher (the remote one, or a model prefill loads), checked now, made when needed."""
+    """How to make the teacher: a remote one (built now, so a bad option fails before any row is read; it makes
+    no request until asked), or a model prefill loads (its name resolved now, the weights loaded only when a
+    row needs asking)."""
     from ..api import Prefill
     from ..fallback import remote
+    from ..loading import resolve
 
     if args.teacher:
-        return functools.partial(
-            remote,
-            args.teacher,
-            args.teacher_kind,
-            model=args.teacher_model,
-            api_key=args.teacher_key,
-            timeout=args.teacher_timeout,
-        )
+        options = dict(model=args.teacher_model, api_key=args.teacher_key, timeout=args.teacher_timeout)
+        if args.teacher_kind == "openai" and not args.teacher_model:
+            raise ValueError("an OpenAI-compatible teacher needs the model name it serves (--teacher-model)")
+        teacher = remote(args.teacher, args.teacher_kind, **options)
+        return lambda: teacher
     if not args.teacher_model:
         raise ValueError("give the teacher: --teacher URL, or --teacher-model NAME for a model prefill loads")
+    resolve(args.teacher_model, settings.dtype)
     return lambda: Prefill(settings=settings.replace(model=args.teacher_model, readouts=(), fallback_below=None)).engine
 
 
 def run(settings: Settings, args) -> int:
     from ..batch import BatchError, load_questions
     from ..heads import distill, training
+    from ..loading import ModelNotFound
 
     out = Path(args.out)
     try:
@@ -88,9 +89,9 @@ def run(settings: Settings, args) -> int:
         rows, skipped = distill.read_distill_rows(Path(args.input), questions, args.state_field, args.gold_field)
         if len(rows) < 2:
             raise ValueError(f"{args.input}: {len(rows)} readable rows; distilling needs at least two")
-        journal = distill.Journal(out / "teacher.jsonl", questions)
         teacher = teacher_of(args, settings)
-    except (BatchError, OSError, ValueError, json.JSONDecodeError) as e:
+        journal = distill.Journal(out / "teacher.jsonl", questions)
+    except (BatchError, ModelNotFound, OSError, ValueError, json.JSONDecodeError) as e:
         print(f"prefill distill: {e}", file=sys.stderr)
         return 2
     local = not args.teacher
