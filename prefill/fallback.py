@@ -274,11 +274,15 @@ def answer_distribution(logprobs: dict | None, text: str, answers: list[str], ch
     return [m / total for m in mass] if total > 0 else None
 
 
-def remote(url: str, kind: str = "systemone", **kw: Any) -> _Remote:
-    if kind == "systemone":
-        return SystemOneFallback(url, **kw)
-    if kind == "openai":
-        if not kw.get("model"):
-            raise ValueError("an OpenAI-compatible fallback needs the model name it serves (--fallback-model)")
-        return ChatFallback(url, **kw)
-    raise ValueError(f"fallback kind must be systemone or openai, not {kind!r}")
+def check_remote(kind: str, model: str | None, model_flag: str = "--fallback-model") -> None:
+    """A remote server described wrong, said before anything is loaded or asked; `model_flag` is the option
+    that names the model in the caller's command (serve's fallback, distill's teacher)."""
+    if kind not in ("systemone", "openai"):
+        raise ValueError(f"the server kind must be systemone or openai, not {kind!r}")
+    if kind == "openai" and not model:
+        raise ValueError(f"an OpenAI-compatible server needs the model name it serves ({model_flag})")
+
+
+def remote(url: str, kind: str = "systemone", model_flag: str = "--fallback-model", **kw: Any) -> _Remote:
+    check_remote(kind, kw.get("model"), model_flag)
+    return (ChatFallback if kind == "openai" else SystemOneFallback)(url, **kw)

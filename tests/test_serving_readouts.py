@@ -153,6 +153,16 @@ def test_serve_refuses_a_lora_among_readouts_at_start_up(tmp_path, tokenizer, he
     assert run.returncode == 2 and "LoRA" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_serve_refuses_an_openai_fallback_without_its_model_name_at_start_up(tmp_path, tokenizer, capsys):
+    from prefill.cli import main
+
+    make_model("llama", len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    flags = ["--fallback-url", "http://127.0.0.1:9", "--fallback-kind", "openai"]
+    assert main(["serve", "--model", str(tmp_path), *flags]) == 2
+    assert "--fallback-model" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- fallbacks over HTTP
 
 

@@ -68,9 +68,7 @@ def teacher_of(args, settings: Settings):
 
     if args.teacher:
         options = dict(model=args.teacher_model, api_key=args.teacher_key, timeout=args.teacher_timeout)
-        if args.teacher_kind == "openai" and not args.teacher_model:
-            raise ValueError("an OpenAI-compatible teacher needs the model name it serves (--teacher-model)")
-        teacher = remote(args.teacher, args.teacher_kind, **options)
+        teacher = remote(args.teacher, args.teacher_kind, "--teacher-model", **options)
         return lambda: teacher
     if not args.teacher_model:
         raise ValueError("give the teacher: --teacher URL, or --teacher-model NAME for a model prefill loads")

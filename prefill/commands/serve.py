@@ -144,6 +144,7 @@ def engines(settings: Settings, default_model: str | None):
 def check(settings: Settings, args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
     from ..api import LORA_CANNOT_SHARE
+    from ..fallback import check_remote
     from ..heads.head import Heads
 
     if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
@@ -158,5 +159,5 @@ def check(settings: Settings, args, base: str) -> None:
         raise ValueError(f"two served models would have the same name ({names}); name them: --readout NAME=DIR")
     if args.default_model and args.default_model not in names:
         raise ValueError(f"--default-model {args.default_model!r} is not served; served: {names}")
-    if settings.fallback_url and settings.fallback_kind == "openai" and not settings.fallback_model:
-        raise ValueError("--fallback-kind openai needs --fallback-model, the model name the chat server serves")
+    if settings.fallback_url:
+        check_remote(settings.fallback_kind, settings.fallback_model)
