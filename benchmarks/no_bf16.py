@@ -1,14 +1,16 @@
 """On a CPU without bf16 matrix units (AVX2 only, say): what each model costs in fp32, what it answers to a
-newcomer's first questions, and whether int8 (PyTorch's dynamic quantisation, weights per channel, on every
-linear layer of the decoder; the LM head stays fp32) would buy the larger model back. One model per run, run
-alone (README "Without bf16 units"):
+newcomer's first questions, and what int8 on every linear layer of the decoder (weights per output channel,
+activations per token: `--dtype int8`, auto there; the LM head stays fp32) costs and changes. One model per
+run, run alone (README "Without bf16 units"):
 
     python -m benchmarks.no_bf16 --model qwen2.5-coder-0.5b-instruct
     python -m benchmarks.no_bf16 --model qwen2.5-coder-1.5b-instruct
 
 Prints, for fp32 then int8: the SemIf request (21 yes/no questions on the 400-token ticket, fresh state) and one
 question, in seconds (medians of 2), seconds per newcomer request (4 questions on a short message), the
-answers to them, then how far int8 moves the answers from fp32.
+answers to them, then how far int8 moves the answers from fp32, and whether an answer still does not depend on
+the other questions asked with it (`--per-tensor`: the same with PyTorch's dynamic quantisation, one scale per
+pass, which breaks that).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import time
 import torch
 
 from prefill import Prefill
+from prefill.backends.cpu import quantize_linears
 from prefill.bench import STATE, nouls
-from tests.test_default_model import BROKEN, NEWCOMER, THANKS, TICKET
+from tests.test_default_model import BROKEN, NEWCOMER, QUESTIONS, THANKS, TICKET
 
 MESSAGES = [  # what a newcomer tries first (tests/test_default_model.py), and three short sentences
     TICKET,
@@ -64,25 +67,39 @@ def measure(pf: Prefill, label: str) -> list[list[float]]:
     return [flat(a) for per_message in answers for a in per_message.values()] + [flat(a) for a in semif.values()]
 
 
-def quantize(pf: Prefill) -> None:
-    """int8 weights per output channel, activations quantised per tensor at run time (fbgemm/x86 kernels)."""
-    torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
-    config = torch.ao.quantization.per_channel_dynamic_qconfig
-    torch.ao.quantization.quantize_dynamic(
-        pf.backend.model.get_decoder(), {torch.nn.Linear: config}, dtype=torch.qint8, inplace=True
-    )
+def quantize(pf: Prefill, per_tensor: bool) -> None:
+    """prefill's int8 (`--dtype int8`: weights per output channel, activations per token), or PyTorch's dynamic
+    quantisation (activations per pass: one scale for every row of the pass)."""
+    decoder = pf.backend.model.get_decoder()
+    if per_tensor:
+        config = torch.ao.quantization.per_channel_dynamic_qconfig
+        torch.ao.quantization.quantize_dynamic(decoder, {torch.nn.Linear: config}, dtype=torch.qint8, inplace=True)
+    else:
+        quantize_linears(decoder)
     pf.backend.forget_states()
+
+
+def isolation(pf: Prefill) -> float:
+    """The largest |dp| between a question asked with the others (the newcomer's four and the ticket's) and
+    asked alone, on the ticket."""
+    asked = {**QUESTIONS, **NEWCOMER}
+    together = pf.ask(TICKET, asked)
+    return max(
+        max(abs(a - b) for a, b in zip(flat(together[q]), flat(pf.ask(TICKET, {q: asked[q]})[q]))) for q in asked
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--per-tensor", action="store_true", help="PyTorch's dynamic quantisation instead of prefill's")
     args = ap.parse_args()
     print(f"loading {args.model} in fp32 (threads: {torch.get_num_threads()})", flush=True)
     pf = Prefill(args.model, dtype="float32", calibration=None)
     ref = measure(pf, "fp32")
-    print("quantising the decoder's linear layers to int8", flush=True)
-    quantize(pf)
+    how = "activations per pass (PyTorch)" if args.per_tensor else "activations per token (prefill)"
+    print(f"quantising the decoder's linear layers to int8, {how}", flush=True)
+    quantize(pf, args.per_tensor)
     got = measure(pf, "int8")
     gaps = [max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(ref, got)]
     agree = sum(
@@ -92,6 +109,7 @@ def main() -> None:
         f"int8 vs fp32, {len(gaps)} answers: |dp| mean {statistics.mean(gaps):.3f}, max {max(gaps):.3f}, "
         f"top answer agrees {agree}/{len(gaps)}"
     )
+    print(f"int8, packed with 7 other questions vs alone: largest |dp| {isolation(pf):.2e}", flush=True)
 
 
 if __name__ == "__main__":

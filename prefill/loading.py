@@ -123,9 +123,10 @@ DEFAULT_BF16_NAME = QWEN15.name
 
 
 def default_name(dtype: str | None = None) -> str:
-    """The default model for a precision ("bfloat16" on bf16 units, else fp32's). The bf16 default
-    falls back to the fp32 one, with a warning that says how to fetch it, when it is not fetched yet."""
-    if dtype != "bfloat16":
+    """The default model for a precision: the 1.5B where the products are fast ("bfloat16" on bf16 units,
+    "int8" on a CPU without them), the 0.5B in fp32. The 1.5B falls back to the 0.5B, with a warning that
+    says how to fetch it, when it is not fetched yet."""
+    if dtype not in ("bfloat16", "int8"):
         return DEFAULT_NAME
     try:
         embedded_gguf(EMBEDDED[DEFAULT_BF16_NAME])
@@ -134,7 +135,7 @@ def default_name(dtype: str | None = None) -> str:
         import warnings
 
         warnings.warn(
-            f"the default model in bf16 is {DEFAULT_BF16_NAME}, which is not fetched: serving "
+            f"the default model in {dtype} is {DEFAULT_BF16_NAME}, which is not fetched: serving "
             f"{DEFAULT_NAME} instead (run `make setup` or "
             f"`python -m prefill.loading fetch {DEFAULT_BF16_NAME}`)",
             stacklevel=2,
@@ -143,17 +144,18 @@ def default_name(dtype: str | None = None) -> str:
 
 
 def default_note(spec: str | None, dtype: str) -> str | None:
-    """What `prefill serve` tells at start-up when the default model is the fp32 one (a CPU without bf16
-    matrix units): it is the fast choice, not the accurate one, and the accurate one is a flag away. Not said
-    where the user asked for fp32 on a CPU that has them."""
-    from .backends.cpu import has_bf16_units
+    """What `prefill serve` tells at start-up when the default model is the fp32 one on a CPU without bf16
+    matrix units (fp32 asked for, or no int8 kernels): it is the fast choice, not the accurate one, and the
+    accurate one is a flag away. Not said where the user asked for fp32 on a CPU that has them."""
+    from .backends.cpu import has_bf16_units, has_int8_kernels
 
-    if spec not in (None, "", "default") or dtype == "bfloat16" or has_bf16_units():
+    if spec not in (None, "", "default") or dtype in ("bfloat16", "int8") or has_bf16_units():
         return None
+    faster = " (or --dtype int8: the same at about 1.3x)" if has_int8_kernels() else ""
     return (
-        f"this CPU has no bf16 matrix units (AMX or AVX-512 bf16), so the default is {DEFAULT_NAME} in fp32: "
+        f"this CPU has no bf16 matrix units (AMX or AVX-512 bf16), so the default in {dtype} is {DEFAULT_NAME}: "
         f'fast, but often wrong on the language of a message, routing and spam (README "Real tasks"). '
-        f"--model {DEFAULT_BF16_NAME} answers those far better, at about 3x the time per request "
+        f"--model {DEFAULT_BF16_NAME} answers those far better, at about 3x the time per request{faster} "
         f'(README "Without bf16 units").'
     )
 
@@ -298,16 +300,18 @@ def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
 
 def load(source: ModelSource, dtype: str = "float32"):
     """(model, tokenizer) for a source, converting and caching GGUF weights on first use."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = getattr(torch, dtype)
+    from .backends.cpu import quantize_linears, torch_dtype
+
     directory = model_directory(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype(dtype))
     except OSError as e:
         raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
+    if dtype == "int8":
+        quantize_linears(model.get_decoder())  # the LM head stays fp32
     return model, tokenizer
 
 

@@ -105,11 +105,9 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
 
 @pytest.fixture(scope="module")
 def served_default():
-    """The default model as `make serve` serves it on a CPU with bf16 units (Qwen2.5-Coder-1.5B in bf16;
-    loading.default_name), with the default prompt, scoring and calibration. On a CPU without them it runs
-    in fp32 here (the same answers up to rounding: README "The CPU's matrix units"), while `make serve`
-    serves the faster 0.5B model there, which fails these cases, and says so at start-up
-    (loading.default_note; README "Without bf16 units")."""
+    """The default model as `make serve` serves it (Qwen2.5-Coder-1.5B, loading.default_name: in bf16 on a
+    CPU with bf16 units, in int8 on an AVX2 CPU without them), with the default prompt, scoring and
+    calibration. (The 0.5B, the default in fp32, fails these cases: README "Without bf16 units".)"""
     from prefill import Prefill
     from prefill.loading import DEFAULT_BF16_NAME
 

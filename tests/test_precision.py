@@ -1,6 +1,7 @@
-"""The bf16 fast path (prefill/backends/cpu.py): `--dtype auto` picks bf16 only where the CPU has bf16 matrix
-units; packed linears give what plain ones give; the answer tokens' logits and the normaliser's largest terms
-are recomputed in fp32; and answers keep their isolation guarantees to the documented bf16 tolerance."""
+"""The CPU fast paths (prefill/backends/cpu.py): `--dtype auto` picks bf16 only where the CPU has bf16 matrix
+units, int8 on an AVX2 CPU without them; packed linears give what plain ones give; the answer tokens' logits
+and the normaliser's largest terms are recomputed in fp32; answers keep their isolation guarantees to the
+documented bf16 tolerance, and in int8 to fp32's."""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ def flat(a) -> list[float]:
     return [a.noul] if a.type == "noul" else list(a.probabilities.values())
 
 
-def test_auto_picks_bf16_only_with_bf16_units(monkeypatch):
+def test_auto_picks_bf16_with_bf16_units_and_int8_on_avx2(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for flags, want in (
-        (set(), "float32"),
-        ({"avx2", "avx512f"}, "float32"),
-        ({"amx_bf16"}, "bfloat16"),
+        (set(), "float32"),  # no fbgemm kernels to run int8 on
+        ({"avx2", "avx512f"}, "int8"),
+        ({"avx2", "amx_bf16"}, "bfloat16"),
         ({"avx512_bf16"}, "bfloat16"),
     ):
         monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: frozenset(flags))
@@ -54,12 +55,12 @@ def test_auto_picks_bf16_only_with_bf16_units(monkeypatch):
         cpu.resolve_dtype("int3")
 
 
-def test_no_bf16_units_keeps_the_fp32_path(monkeypatch, tiny_model, tokenizer):
-    """On a CPU without bf16 units nothing changes: auto is fp32, and no layer is packed (even a bf16 model)."""
+def test_no_bf16_units_packs_nothing(monkeypatch, tiny_model, tokenizer):
+    """On a CPU without bf16 units auto is int8 (AVX2), and no layer is packed for bf16 (even a bf16 model)."""
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("PREFILL_DTYPE")
-    assert cpu.resolve_dtype(None) == "float32"
+    assert cpu.resolve_dtype(None) == "int8"
     assert make_backend(copy.deepcopy(tiny_model).to(torch.bfloat16), tokenizer).packed_linears == 0
 
 
@@ -72,6 +73,8 @@ def test_without_bf16_units_serve_names_the_accurate_model(monkeypatch):
     assert loading.DEFAULT_NAME in note and f"--model {loading.DEFAULT_BF16_NAME}" in note
     assert loading.default_note("default", "bfloat16") is None  # the bf16 default is the accurate one
     assert loading.default_note(loading.DEFAULT_NAME, "float32") is None  # chosen, not defaulted
+    assert loading.default_note(None, "int8") is None  # auto here: the 1.5B in int8
+    assert loading.default_name("int8") == loading.DEFAULT_BF16_NAME
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     assert loading.default_note(None, "float32") is None  # fp32 asked for on a CPU that has bf16 units
 
@@ -191,3 +194,70 @@ def test_the_encoder_route_takes_the_fast_path_too():
         if together[qid].type != "noul":
             assert abs(sum(flat(together[qid])) - 1) < 1e-6
         assert max(abs(a - b) for a, b in zip(flat(reference[qid]), flat(together[qid]))) <= 0.1
+
+
+# ---------------------------------------------------------------- int8 (CPUs without bf16 units)
+
+
+def test_int8_linear_scales_each_row_on_its_own():
+    """A row's product does not depend on the other rows of the pass (its own scale, the pinned range): the
+    same bits alone, together or reordered, where a scale per pass would flatten the small rows next to a
+    large one; close to the fp32 product; with gradients on, the fp32 path runs."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(9, 64) * torch.rand(9, 1) * 4
+    x[3] *= 50
+    with torch.inference_mode():
+        want = layer(x)
+        assert cpu.quantize_linears(layer) == 1
+        together = layer(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+        reordered = layer(x.flip(0)).flip(0)
+    assert torch.equal(together, alone) and torch.equal(together, reordered)
+    assert ((together - want).norm(dim=1) / want.norm(dim=1)).max() < 0.03
+    x.requires_grad_(True)
+    assert torch.equal(layer(x), want)  # training runs on the fp32 weights
+
+
+def test_int8_keeps_isolation_and_stays_near_fp32(tiny_model, tokenizer):
+    """Packed vs alone, reordered and renamed questions, reordered options: as exact as fp32 (TOL), since no
+    row's quantisation sees another row. (How far int8 moves answers from fp32 is measured on real models,
+    `python -m benchmarks.no_bf16`: a tiny random model's near-flat answers say little about it.)"""
+    from .test_exactness import TOL
+
+    model = copy.deepcopy(tiny_model)
+    reference = Engine(make_backend(tiny_model, tokenizer), scoring=RAW).ask(STATE, QUESTIONS)[0]
+    assert cpu.quantize_linears(model.get_decoder()) > 0 and not hasattr(model.get_output_embeddings(), "_int8")
+    engine = Engine(make_backend(model, tokenizer), scoring=RAW)
+    together = engine.ask(STATE, QUESTIONS)[0]
+    items = list(QUESTIONS.items())[::-1]
+    renamed = engine.ask(STATE, {f"id {i}": q for i, (_, q) in enumerate(items)})[0]
+    for i, (qid, q) in enumerate(items):
+        alone = engine.ask(STATE, {"x": q})[0]["x"]
+        for other in (together[qid], renamed[f"id {i}"]):
+            assert max(abs(a - b) for a, b in zip(flat(alone), flat(other))) <= TOL
+        assert flat(reference[qid]) != flat(together[qid])  # the int8 products ran
+    swapped = engine.ask(
+        STATE, {"t": Choice(QUESTIONS["team"].instructions, ["Shipping", "Sales", "Technical", "Billing"])}
+    )[0]["t"]
+    for name, p in together["team"].probabilities.items():
+        assert abs(swapped.probabilities[name] - p) <= TOL
+
+
+def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
+    """`--dtype int8`: the model is read in fp32 and its decoder's linears quantised, the head kept; asked for
+    on vLLM or the encoder route, refused (measured on torch decoders only; auto keeps fp32 there)."""
+    from prefill.api import Prefill
+    from prefill.loading import load, resolve
+
+    from .conftest import make_model
+
+    make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, _ = load(resolve(str(tmp_path)), "int8")
+    assert model.dtype == torch.float32 and not hasattr(model.get_output_embeddings(), "_int8")
+    assert all(hasattr(m, "_int8") for m in model.get_decoder().modules() if type(m) is torch.nn.Linear)
+    with pytest.raises(ValueError, match="int8"):
+        Prefill(str(tmp_path), dtype="int8", backend="vllm")
+    with pytest.raises(ValueError, match="int8"):
+        Prefill(str(tmp_path), dtype="int8", route="encoder")

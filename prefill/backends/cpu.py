@@ -1,10 +1,13 @@
-"""The CPU fast path: which precision the machine's matrix units want, and linear layers whose weights
-oneDNN has laid out once for them.
+"""The CPU fast paths: which precision the machine's matrix units want, linear layers whose weights oneDNN
+has laid out once for them, and int8 linear layers for CPUs without bf16 units.
 
 A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32 (7x on this
 project's machines: README "The CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
-default, is bf16 where the CPU reports either flag and fp32 elsewhere (a CPU without them emulates bf16 and
-gets slower, never faster).
+default, is bf16 where the CPU reports either flag (a CPU without them emulates bf16 and gets slower, never
+faster). An x86 CPU without them (AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8
+through fbgemm about 2.5x faster than fp32, so there auto is int8 (`quantize_linears`: weights per output
+channel, activations per token, the LM head fp32), which makes the 1.5B model cost 1.3x what the 0.5B costs
+in fp32 (README "Without bf16 units", `python -m benchmarks.no_bf16`); fp32 where there are no int8 kernels.
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
@@ -32,7 +35,7 @@ from pathlib import Path
 import torch
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 PACK_ROWS_HINT = 64
 
 
@@ -53,16 +56,31 @@ def has_bf16_units() -> bool:
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
 
+def has_int8_kernels() -> bool:
+    """Whether fbgemm's int8 matrix products run here (an x86 CPU with AVX2)."""
+    engines = torch.backends.quantized.supported_engines
+    return "avx2" in cpu_flags() and ("x86" in engines or "fbgemm" in engines)
+
+
+def asked_dtype(dtype: str | None) -> str:
+    """The precision asked for: `dtype`, else the environment's PREFILL_DTYPE, else "auto"."""
+    return dtype or os.environ.get("PREFILL_DTYPE") or "auto"
+
+
 def resolve_dtype(dtype: str | None) -> str:
-    """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units, float32 elsewhere; others as given.
-    None: the environment's PREFILL_DTYPE, else "auto" (the test suite sets float32, the exact reference
-    path its 1e-4 checks are written for; bf16 is tested on its own)."""
-    dtype = dtype or os.environ.get("PREFILL_DTYPE") or "auto"
+    """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units; on an x86 CPU without them, int8
+    (products in int8, a scale per token: the 1.5B model at 1.3x the 0.5B's fp32 time, README "Without bf16
+    units"); float32 elsewhere. Others as given. None: the environment's PREFILL_DTYPE, else "auto" (the test
+    suite sets float32, the exact reference path its 1e-4 checks are written for; bf16 and int8 are tested on
+    their own)."""
+    dtype = asked_dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype != "auto":
         return dtype
-    return "bfloat16" if torch.cuda.is_available() or has_bf16_units() else "float32"
+    if torch.cuda.is_available() or has_bf16_units():
+        return "bfloat16"
+    return "int8" if has_int8_kernels() else "float32"
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -77,7 +95,10 @@ def can_pack(dtype: torch.dtype) -> bool:
 def pack_linears(model: torch.nn.Module) -> int:
     """Give every CPU bf16 `nn.Linear` in `model` a oneDNN-reordered copy of its weight, used whenever it
     runs without gradients; returns how many were packed. Call again after the weights change (a LoRA
-    merged): each layer is re-packed from its current weight."""
+    merged): each layer is re-packed, or re-quantised (int8: `quantize_linears`), from its current weight."""
+    for module in model.modules():
+        if hasattr(module, "_int8"):
+            _quantize(module)
     count = 0
     if can_pack(next(model.parameters()).dtype):
         tune_allocator()
@@ -116,6 +137,55 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight, self.bias)
     out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
     return out if self.bias is None else out + self.bias
+
+
+# ---------------------------------------------------------------- int8 products, a scale per token
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The precision a model is loaded in: int8 is an fp32 model whose linear layers are then quantised."""
+    return torch.float32 if dtype == "int8" else getattr(torch, dtype)
+
+
+def quantize_linears(model: torch.nn.Module) -> int:
+    """Give every fp32 `nn.Linear` in `model` an int8 copy of its weight (a scale per output channel), used
+    whenever it runs without gradients; returns how many. Activations are quantised per token (`_int8_forward`),
+    so no row's answer depends on the other rows of a pass (PyTorch's dynamic quantisation scales the whole
+    pass at once: packed with other questions, an answer moved by up to 0.67). Call it on the decoder, not
+    the model: the LM head stays fp32."""
+    torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
+    count = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
+            _quantize(module)
+            module.forward = types.MethodType(_int8_forward, module)
+            count += 1
+    return count
+
+
+def _quantize(module: torch.nn.Linear) -> None:
+    import warnings
+
+    w = module.weight.detach()
+    scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+    with warnings.catch_warnings():  # the quantized tensor API is deprecated, its fbgemm kernels are not
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+    module._int8 = torch.ops.quantized.linear_prepack(q, None)
+
+
+def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its largest |value| and quantised on the fixed grid that spans [-1, 1] (the extra
+    last row, +1 and -1, pins fbgemm's per-pass range there), multiplied in int8, scaled back per row."""
+    if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    rows = x.reshape(-1, x.shape[-1])
+    scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+    pin = rows.new_zeros(1, rows.shape[1])
+    pin[0, :2] = torch.tensor([1.0, -1.0])
+    out = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pin]), self._int8, True)[:-1] * scale
+    out = out if self.bias is None else out + self.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 # ---------------------------------------------------------------- exact answer logits in bf16

@@ -12,7 +12,15 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
     (backends/cpu.py `resolve_dtype`), since the default model depends on it."""
     import torch
 
+    from .cpu import asked_dtype
+
     source = loading.resolve(settings.model, dtype)
+    encoder = settings.route == "encoder" or settings.route == "auto" and loading.is_encoder(source)
+    if dtype == "int8" and (encoder or settings.backend == "vllm"):
+        if asked_dtype(settings.dtype) != "auto":
+            raise ValueError("--dtype int8 is the decoder route's CPU path on the torch backend")
+        dtype = "float32"  # auto chose int8 for a CPU without bf16 units: measured on decoders only
+        source = loading.resolve(settings.model, dtype)
     if settings.route not in ("auto", "decoder", "encoder"):
         raise ValueError(f"route must be auto, decoder or encoder, not {settings.route!r}")
     if settings.backend not in ("torch", "vllm"):
@@ -21,7 +29,7 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
     prompt = dict(
         chat=settings.chat, system=settings.system, noul_words=settings.noul_words, score_words=settings.score_words
     )
-    if settings.route == "encoder" or settings.route == "auto" and loading.is_encoder(source):
+    if encoder:
         if settings.backend != "torch":
             raise ValueError("the encoder route runs on the torch backend only")
         from transformers import AutoModel, AutoTokenizer
