@@ -73,9 +73,9 @@ class Settings:
         metadata=flag(
             "--dtype",
             "auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, "
-            "AVX-512 bf16) or on a GPU, float32 elsewhere; float32 is the exact reference path (README \"The CPU's "
-            'matrix units"); int8: int8 products with a scale per token, for CPUs without bf16 units (README '
-            '"Without bf16 units")',
+            "AVX-512 bf16) or on a GPU, int8 on an x86 CPU with AVX2 and no bf16 units, float32 elsewhere; "
+            'float32 is the exact reference path (README "The CPU\'s matrix units"); int8: int8 products with a '
+            'scale per token (README "Without bf16 units")',
             choices=DTYPES,
         ),
     )
