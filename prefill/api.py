@@ -58,8 +58,8 @@ class Prefill:
         if settings is None:
             settings = Settings(model=model, readouts=((None, str(readout)),) if readout else (), **options)
         self.settings = settings
-        self.dtype = resolve_dtype(settings.dtype)
-        self.backend = build_backend(settings, self.dtype)
+        self.backend = build_backend(settings, resolve_dtype(settings.dtype))
+        self.dtype = self.backend.precision  # auto's int8 falls back to fp32 on the encoder route and vLLM
         heads = None
         if settings.readouts:
             path = settings.readouts[0][1]

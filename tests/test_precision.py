@@ -256,3 +256,18 @@ def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
         Prefill(str(tmp_path), dtype="int8", backend="vllm")
     with pytest.raises(ValueError, match="int8"):
         Prefill(str(tmp_path), dtype="int8", route="encoder")
+
+
+def test_precision_says_what_runs_where_auto_int8_falls_back(tmp_path, tokenizer, monkeypatch):
+    """Auto's int8 on a CPU without bf16 units: the decoder runs int8, the encoder route fp32, and `Prefill.dtype`
+    (what `prefill bench` reports, and the model it pairs a GGUF with) says which."""
+    import prefill.api
+    from prefill.api import Prefill
+
+    from .conftest import make_model
+
+    make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(prefill.api, "resolve_dtype", lambda asked: "int8")  # what auto picks on an AVX2 CPU
+    assert Prefill(str(tmp_path), dtype="auto").dtype == "int8"
+    assert Prefill(str(tmp_path), dtype="auto", route="encoder").dtype == "float32"

@@ -41,6 +41,7 @@ class Backend:
     fingerprint: str  # identifies the weights: calibrations and readouts are tied to it
     renderer: Renderer
     max_context: int  # longest state + question + answer the model can position
+    precision = "float32"  # what the weights run in: "float32", "bfloat16" or "int8" (set by the factory)
     route = "decoder"
     batches = False
     reads_features = False

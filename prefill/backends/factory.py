@@ -9,9 +9,8 @@ from .base import Backend
 
 def build_backend(settings: Settings, dtype: str) -> Backend:
     """The decoder route on torch (the reference) or vLLM, or the encoder route; `dtype` already resolved
-    (backends/cpu.py `resolve_dtype`), since the default model depends on it."""
-    import torch
-
+    (backends/cpu.py `resolve_dtype`), since the default model depends on it. The backend's `precision` says
+    what it runs in, which is not `dtype` where auto's int8 does not apply (the encoder route, vLLM)."""
     from .cpu import asked_dtype
 
     source = loading.resolve(settings.model, dtype)
@@ -21,6 +20,14 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
             raise ValueError("--dtype int8 is the decoder route's CPU path on the torch backend")
         dtype = "float32"  # auto chose int8 for a CPU without bf16 units: measured on decoders only
         source = loading.resolve(settings.model, dtype)
+    backend = _construct(settings, source, encoder, dtype)
+    backend.precision = dtype
+    return backend
+
+
+def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, dtype: str) -> Backend:
+    import torch
+
     if settings.route not in ("auto", "decoder", "encoder"):
         raise ValueError(f"route must be auto, decoder or encoder, not {settings.route!r}")
     if settings.backend not in ("torch", "vllm"):
