@@ -9,6 +9,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -129,6 +131,25 @@ def test_a_replica_killed_under_load_loses_no_request(replicated):
             f.result(timeout=120)  # nobody hangs
     assert outcomes and all(s == 200 or (s == 503 and retry) for s, retry in outcomes), sorted({s for s, _ in outcomes})
     assert ask(replicated, "After the kill: my parcel is late.").status_code == 200
+
+
+def test_a_taken_port_is_refused_and_held_while_ray_starts(model_dir):  # noqa: F811
+    from prefill.serving.replicas import PortInUse, held
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        cmd = [sys.executable, "-m", "prefill.cli", "serve", "--model", str(model_dir), "--replicas", "2"]
+        done = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and f"cannot serve on 127.0.0.1:{port}" in done.stderr, done.stderr
+        with pytest.raises(PortInUse):
+            with held("127.0.0.1", port):
+                pass
+    with held("127.0.0.1", port), socket.socket() as ray_picks, pytest.raises(OSError):
+        ray_picks.bind(("", port))  # what Ray's port picker tries, refused while held
+    with socket.socket() as later:
+        later.bind(("127.0.0.1", port))  # released after
 
 
 def test_replica_bounds_become_fixed_or_autoscaled_deployments():

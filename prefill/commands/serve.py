@@ -97,15 +97,19 @@ def run(settings: Settings, args) -> int:
         except ImportError:
             print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
             return 2
-        replicas.run(
-            functools.partial(app, settings, args, keys, loaded=True),
-            replicas=args.replicas,
-            host=args.host,
-            port=args.port,
-            address=args.ray_address,
-            max_replicas=args.max_replicas,
-            target_ongoing_requests=args.max_batch,
-        )
+        try:
+            replicas.run(
+                functools.partial(app, settings, args, keys, loaded=True),
+                replicas=args.replicas,
+                host=args.host,
+                port=args.port,
+                address=args.ray_address,
+                max_replicas=args.max_replicas,
+                target_ongoing_requests=args.max_batch,
+            )
+        except replicas.PortInUse as e:
+            print(f"prefill serve: {e}", file=sys.stderr)
+            return 2
         return 0
     uvicorn.run(app(settings, args, keys), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -16,10 +16,12 @@ Headers `x-prefill-replica` (the replica's id) and `x-prefill-replica-pid` say w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import socket
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
@@ -164,6 +166,28 @@ def replica_options(
     }
 
 
+class PortInUse(OSError):
+    """The port to serve on is taken."""
+
+
+@contextlib.contextmanager
+def held(host: str, port: int):
+    """Bind host:port for the duration, so that the processes Ray starts meanwhile (its metrics exporter,
+    its agents: random ports, each tried by binding) cannot take it; Serve's proxy binds it right after.
+    Seen in CI: Ray's metrics exporter took the port the serve was given, and answered its /health.
+    A port that is already taken raises `PortInUse` before anything starts."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise PortInUse(f"cannot serve on {host}:{port}: {e.strerror}") from e
+    try:
+        yield
+    finally:
+        sock.close()
+
+
 def run(
     build,
     *,
@@ -183,7 +207,9 @@ def run(
     # next one: on a loaded 2-core machine that broke the state affinity for most requests; 1 s keeps it.
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+        # a local Ray's own servers pick random ports: not this one
+        with held(host, port) if address is None else contextlib.nullcontext():
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     resources = ray.cluster_resources()
     options = replica_options(
         replicas,
