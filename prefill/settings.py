@@ -52,7 +52,7 @@ def scoring_options(values: list[str]) -> dict[str, str] | None:
                 raise ValueError("TYPE must be noul, choice, score or all")
             Scoring.parse(way)
         except ValueError as e:
-            raise ValueError(f"--scoring takes TYPE=READOUT[+CORRECTION], not {value!r}: {e}") from None
+            raise ValueError(f"--scoring takes TYPE=TOKENS[+CORRECTION], not {value!r}: {e}") from None
         out.update(dict.fromkeys(("noul", "choice", "score") if qtype == "all" else (qtype,), way))
     return out or None
 
@@ -145,10 +145,10 @@ class Settings:
         metadata=flag(
             "--scoring",
             "how answers are read for a question type (noul, choice, score or all), e.g. choice=first, "
-            "all=whole+pmi or choice=whole+pmi*0.5 (a weight on the prior); readouts whole|noend|mean|first, "
+            "all=whole+pmi or choice=whole+pmi*0.5 (a weight on the prior); token rules whole|noend|mean|first, "
             "corrections contextual|pmi|none (default: whole+pmi for every type; README 'Real tasks')",
             action="append",
-            metavar="TYPE=READOUT[+CORRECTION]",
+            metavar="TYPE=TOKENS[+CORRECTION]",
             parse=scoring_options,
         ),
     )

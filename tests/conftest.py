@@ -92,7 +92,9 @@ def tiny_model(request, tokenizer):
 
 
 def make_backend(model, tokenizer, **kw) -> CausalLMBackend:
-    return CausalLMBackend(model, tokenizer, "tiny", release_date="2026-11-29", **kw)
+    backend = CausalLMBackend(model, tokenizer, "tiny", **kw)
+    backend.release_date = "2026-11-29"
+    return backend
 
 
 @pytest.fixture

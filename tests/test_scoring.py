@@ -1,4 +1,4 @@
-"""Training-free readouts and corrections (prefill/scoring.py) on tiny random models: each readout is what a
+"""Training-free token rules and corrections (prefill/scoring.py) on tiny random models: each rule is what a
 plain forward gives, the contextual correction divides out exactly the content-free prior, and corrected
 answers keep every invariance of the packed path (packed vs alone, ids, question and option order)."""
 
@@ -11,7 +11,7 @@ import torch
 
 from prefill.engine import Engine, softmax
 from prefill.schema import Choice, Noul
-from prefill.scoring import CONTENT_FREE, READOUTS, Scoring
+from prefill.scoring import CONTENT_FREE, TOKEN_RULES, Scoring
 
 from .conftest import RAW, make_backend
 from .test_exactness import QUESTIONS, STATE, TOL
@@ -26,9 +26,9 @@ def plain_token_logprobs(model, state: list[int], prompt, answer) -> list[float]
     return [float(logp[start + k - 1, t]) for k, t in enumerate(answer)]
 
 
-@pytest.mark.parametrize("readout", READOUTS)
-def test_each_readout_is_what_a_plain_forward_gives(tiny_model, tokenizer, readout):
-    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring(readout) for t in RAW})
+@pytest.mark.parametrize("tokens", TOKEN_RULES)
+def test_each_token_rule_is_what_a_plain_forward_gives(tiny_model, tokenizer, tokens):
+    engine = Engine(make_backend(tiny_model, tokenizer), scoring={t: Scoring(tokens) for t in RAW})
     r = engine.backend.renderer
     state = r.state(STATE)
     branches = [r.question(q) for q in QUESTIONS.values()]
@@ -37,7 +37,7 @@ def test_each_readout_is_what_a_plain_forward_gives(tiny_model, tokenizer, reado
         assert b.end >= 1
         for answer, score in zip(b.answers, per_answer):
             lp = plain_token_logprobs(tiny_model, state, b.prompt, answer)
-            want = {"whole": sum(lp), "noend": sum(lp[: -b.end]), "mean": sum(lp) / len(lp), "first": lp[0]}[readout]
+            want = {"whole": sum(lp), "noend": sum(lp[: -b.end]), "mean": sum(lp) / len(lp), "first": lp[0]}[tokens]
             assert abs(score - want) < 1e-3
 
 

@@ -36,9 +36,10 @@ class Backend:
     its answers are near chance, which the commands say)."""
 
     name: str  # the served model name
-    description: str
-    release_date: str  # YYYY-MM-DD, for GET /v1/models
-    fingerprint: str  # identifies the weights: calibrations and readouts are tied to it
+    answers_by = "one prefill pass"  # how it answers, for its description
+    # Who the model is, set by the factory from the model's source (a backend built by hand has neither):
+    release_date = ""  # YYYY-MM-DD, for GET /v1/models
+    fingerprint = ""  # identifies the weights: calibrations and readouts are tied to it
     renderer: Renderer
     max_context: int  # longest state + question + answer the model can position
     precision = "float32"  # what the weights run in: "float32", "bfloat16" or "int8" (set by the factory)
@@ -49,6 +50,10 @@ class Backend:
     merges_adapters = False
     truncates = False
     generates = False
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} ({self.answers_by})"
 
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         """Log-likelihood of each answer's whole token sequence given the state and its question."""

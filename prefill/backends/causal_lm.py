@@ -54,6 +54,7 @@ class CausalLMBackend(HiddenStates, Backend):
     out first), so further requests about the same state skip re-reading it; the results are identical.
     """
 
+    answers_by = "causal LM, one prefill pass"
     batches = reads_features = exits_early = merges_adapters = generates = True
 
     def __init__(
@@ -62,9 +63,6 @@ class CausalLMBackend(HiddenStates, Backend):
         tokenizer,
         name: str,
         *,
-        description: str = "",
-        release_date: str = "",
-        fingerprint: str = "",
         packing: str = "auto",
         chunk_tokens: int = 2048,
         state_cache_tokens: int = 16384,
@@ -74,9 +72,6 @@ class CausalLMBackend(HiddenStates, Backend):
         """`prompt`: the Renderer's options (chat, system, noul_words, score_words; render.py)."""
         self.model = model.eval()
         self.name = name
-        self.fingerprint = fingerprint
-        self.description = description or f"{name} (causal LM, one prefill pass)"
-        self.release_date = release_date
         self.renderer = Renderer(tokenizer, **prompt)
         self.chunk_tokens = chunk_tokens
         cfg = model.config.get_text_config(decoder=True)

@@ -111,6 +111,7 @@ class EncoderBackend(Backend):
     """Scores each declared option of a question by its [MASK] slot (see the module docstring)."""
 
     route = "encoder"
+    answers_by = "encoder, a [MASK] slot per option"
     reads_features = truncates = True
 
     def __init__(
@@ -119,17 +120,11 @@ class EncoderBackend(Backend):
         tokenizer,
         name: str,
         *,
-        description: str = "",
-        release_date: str = "",
-        fingerprint: str = "",
         batch_size: int = 16,
     ):
         self.model = model.eval()
         self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
         self.name = name
-        self.fingerprint = fingerprint
-        self.description = description or f"{name} (encoder, a [MASK] slot per option)"
-        self.release_date = release_date
         self.renderer = EncoderRenderer(tokenizer)
         self.batch_size = batch_size
         # BERT-style [CLS]/[SEP]; a model without them (EmbeddingGemma) gets its own <bos>/<eos>, as its tokenizer does

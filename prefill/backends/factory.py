@@ -9,8 +9,9 @@ from .base import Backend
 
 def build_backend(settings: Settings, dtype: str) -> Backend:
     """The decoder route on torch (the reference) or vLLM, or the encoder route; `dtype` already resolved
-    (backends/cpu.py `resolve_dtype`), since the default model depends on it. The backend's `precision` says
-    what it runs in, which is not `dtype` where auto's int8 does not apply (the encoder route, vLLM)."""
+    (backends/cpu.py `resolve_dtype`), since the default model depends on it. Set here, for every backend: its
+    `precision`, what it runs in, which is not `dtype` where auto's int8 does not apply (the encoder route,
+    vLLM), and who the model is (`release_date`, `fingerprint`), read from the model's source."""
     from .cpu import asked_dtype
 
     source = loading.resolve(settings.model, dtype)
@@ -22,6 +23,7 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
         source = loading.resolve(settings.model, dtype)
     backend = _construct(settings, source, encoder, dtype)
     backend.precision = dtype
+    backend.release_date, backend.fingerprint = source.release_date, loading.fingerprint(source)
     return backend
 
 
@@ -32,7 +34,6 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
         raise ValueError(f"route must be auto, decoder or encoder, not {settings.route!r}")
     if settings.backend not in ("torch", "vllm"):
         raise ValueError(f"backend must be torch or vllm, not {settings.backend!r}")
-    identity = dict(release_date=source.release_date, fingerprint=loading.fingerprint(source))
     prompt = dict(
         chat=settings.chat, system=settings.system, noul_words=settings.noul_words, score_words=settings.score_words
     )
@@ -48,7 +49,6 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
             AutoModel.from_pretrained(directory, dtype=getattr(torch, dtype)),
             AutoTokenizer.from_pretrained(directory),
             source.name,
-            **identity,
         )
     if settings.backend == "vllm":
         from transformers import AutoTokenizer
@@ -60,10 +60,8 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
 
             raise ReadoutUnsupported(NO_READOUTS)
         directory = loading.model_directory(source)
-        return VLLMBackend(
-            directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype, **identity, **prompt
-        )
+        return VLLMBackend(directory, AutoTokenizer.from_pretrained(directory), source.name, dtype=dtype, **prompt)
     from .causal_lm import CausalLMBackend
 
     hf_model, tokenizer = loading.load(source, dtype)
-    return CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **identity, **prompt)
+    return CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **prompt)

@@ -82,6 +82,7 @@ class VLLMBackend(Backend):
     """Scores answers as whole-sequence log-likelihoods with vLLM's `LLM`, in this process (its engine core
     runs in a child process vLLM starts). Same interface as CausalLMBackend's `score`/`score_many`."""
 
+    answers_by = "vLLM, one prefill pass"
     batches = True
 
     def __init__(
@@ -91,9 +92,6 @@ class VLLMBackend(Backend):
         name: str,
         *,
         dtype: str = "float32",
-        description: str = "",
-        release_date: str = "",
-        fingerprint: str = "",
         max_model_len: int | None = None,
         block_size: int | None = None,
         llm_options: dict | None = None,
@@ -106,9 +104,6 @@ class VLLMBackend(Backend):
 
         cpu = current_platform.is_cpu()
         self.name = name
-        self.fingerprint = fingerprint
-        self.description = description or f"{name} (vLLM, one prefill pass)"
-        self.release_date = release_date
         self.renderer = Renderer(tokenizer, **prompt)
         options = dict(
             model=str(directory),
