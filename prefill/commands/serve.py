@@ -92,26 +92,25 @@ def run(settings: Settings, args) -> int:
         print(f"prefill serve: {note}", file=sys.stderr)
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
     if args.replicas:
-        try:
-            from ..serving import replicas
-        except ImportError:
-            print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
-            return 2
-        try:
-            replicas.run(
-                functools.partial(app, settings, args, keys, loaded=True),
-                replicas=args.replicas,
-                host=args.host,
-                port=args.port,
-                address=args.ray_address,
-                max_replicas=args.max_replicas,
-                target_ongoing_requests=args.max_batch,
-            )
-        except replicas.PortInUse as e:
-            print(f"prefill serve: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return serve_on_ray(settings, args, keys)
     uvicorn.run(app(settings, args, keys), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def serve_on_ray(settings: Settings, args, keys: list[str]) -> int:
+    """--replicas: the same app in each replica behind Ray Serve (serving/replicas.py)."""
+    try:
+        from ..serving import replicas
+    except ImportError:
+        print('prefill serve: --replicas needs Ray Serve: pip install "prefill[ray]"', file=sys.stderr)
+        return 2
+    build = functools.partial(app, settings, args, keys, loaded=True)
+    bounds = dict(replicas=args.replicas, max_replicas=args.max_replicas, target_ongoing_requests=args.max_batch)
+    try:
+        replicas.run(build, host=args.host, port=args.port, address=args.ray_address, **bounds)
+    except replicas.PortInUse as e:
+        print(f"prefill serve: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
