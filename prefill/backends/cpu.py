@@ -1,13 +1,13 @@
 """The CPU fast paths: which precision the machine's matrix units want, linear layers whose weights oneDNN
 has laid out once for them, and int8 linear layers for CPUs without bf16 units.
 
-A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32 (7x on this
-project's machines: README "The CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
+A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32 (README "The
+CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
 default, is bf16 where the CPU reports either flag (a CPU without them emulates bf16 and gets slower, never
 faster). An x86 CPU without them (AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8
-through fbgemm about 2.5x faster than fp32, so there auto is int8 (`quantize_linears`: weights per output
-channel, activations per token, the LM head fp32), which makes the 1.5B model cost 1.3x what the 0.5B costs
-in fp32 (README "Without bf16 units", `python -m benchmarks.no_bf16`); fp32 where there are no int8 kernels.
+through fbgemm faster than fp32, so there auto is int8 (`quantize_linears`: weights per output channel,
+activations per token, the LM head fp32), which makes the 1.5B model cost about what the 0.5B costs in fp32
+(README "Without bf16 units", `python -m benchmarks.no_bf16`); fp32 where there are no int8 kernels.
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
@@ -20,7 +20,7 @@ Once the products are fast, fresh memory costs: glibc serves every allocation ov
 (128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
 and a pass allocates many such activations. Raising the threshold to 32 MB and keeping freed memory
 (`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment) took
-about a tenth off the SemIf request in bf16 (README "The CPU's matrix units").
+a measurable share off the SemIf request in bf16 (README "The CPU's matrix units").
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def asked_dtype(dtype: str | None) -> str:
 
 def resolve_dtype(dtype: str | None) -> str:
     """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units; on an x86 CPU without them, int8
-    (products in int8, a scale per token: the 1.5B model at 1.3x the 0.5B's fp32 time, README "Without bf16
-    units"); float32 elsewhere. Others as given. None: the environment's PREFILL_DTYPE, else "auto" (the test
+    (products in int8, a scale per token: the 1.5B model at about the 0.5B's fp32 time, README "Without
+    bf16 units"); float32 elsewhere. Others as given. None: the environment's PREFILL_DTYPE, else "auto" (the test
     suite sets float32, the exact reference path its 1e-4 checks are written for; bf16 and int8 are tested on
     their own)."""
     dtype = asked_dtype(dtype)
@@ -151,10 +151,10 @@ def quantize_linears(model: torch.nn.Module) -> int:
     """Give every fp32 `nn.Linear` in `model` an int8 copy of its weight (a scale per output channel), used
     whenever it runs without gradients; returns how many. Activations are quantised per token (`_int8_forward`),
     so no row's product depends on the other rows of a pass (PyTorch's dynamic quantisation scales the whole
-    pass at once: packed with other questions, an answer moved by up to 0.27 on the 0.5B). Answers can still
-    move by up to 0.09 with their neighbours: the fp32 parts of a pass differ in the last bits, and a change
-    that crosses a rounding step grows through the layers (README "Without bf16 units"; `--dtype float32` is
-    exact). Call it on the decoder, not the model: the LM head stays fp32."""
+    pass at once, so a packed answer moved with the other questions). Answers can still move a little with
+    their neighbours: the fp32 parts of a pass differ in the last bits, and a change that crosses a rounding
+    step grows through the layers (README "Without bf16 units" has the sizes; `--dtype float32` is exact).
+    Call it on the decoder, not the model: the LM head stays fp32."""
     torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
     count = 0
     for module in model.modules():
@@ -213,8 +213,8 @@ def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
     """In bf16 the head's logits are rounded to 8 significant bits (a logit of 20 to within 0.06), as much
     error as the whole bf16 body adds to an answer. So `sum_logprobs` recomputes in fp32, from the head's
     input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
-    rest of the vocabulary stays bf16: a top-k and a few dot products, where an fp32 head would cost 4-5x
-    the bf16 one, for the same answers (README "The CPU's matrix units", measured by `python -m
+    rest of the vocabulary stays bf16: a top-k and a few dot products, where an fp32 head would cost
+    several times the bf16 one, for the same answers (README "The CPU's matrix units", measured by `python -m
     benchmarks.fastpath --micro` and `--precision`). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32
     logits, or None."""
     if not head_input:

@@ -49,7 +49,7 @@ def read_distill_rows(
     """The rows to teach, and (line, why) for those that cannot be read. `gold_field`: a field holding
     {question id: label}, or the label itself when there is one question; never part of the state (without
     `state_field` the state is the rest of the record), or the teacher and the student would read the answer
-    (seen: a probe on whole records, gold included, looked 0.95 right where the honest student is 0.83)."""
+    (seen: a probe on whole records, gold included, looked far more right than the honest student)."""
     rows, skipped = [], []
     for index, (line, record) in enumerate(read_rows(source)):
         try:

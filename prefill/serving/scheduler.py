@@ -26,17 +26,15 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine, EngineRequest, Scored
 
-# 4 requests in per core: the default model answers about one request (three questions) a second on 2
-# cores, so a full queue is ~8 s of work, inside the official SDK's 10 s timeout; a longer queue only makes
-# every accepted request slower (`python -m benchmarks.load`, README "Serving under load": 16 clients, p99
-# 8.8 s with 8 in at once).
+# 4 requests in per core: a full queue is then a few seconds of work for the default model, inside the
+# official SDK's 10 s timeout; a longer queue only makes every accepted request slower (`python -m
+# benchmarks.load`, README "Serving under load").
 DEFAULT_MAX_QUEUE = 4 * (os.cpu_count() or 2)
 # A safety net past the queue bound: a request still waiting after 30 s is dropped with 503.
 DEFAULT_MAX_WAIT_S = 30.0
-# Batches of at most 2, 4, 8 requests ran at 0.90, 0.95, 1.12 requests/s on this CPU (16 clients, the default
-# model, 0.72 unbatched; `python -m benchmarks.load --batching on --concurrency 16 --sustain 0
-# --overload-seconds 0 --serve-args "--max-batch N"`, measured while the bound counted waiting requests
-# only): a batch costs a little less than its requests alone on a CPU. GPUs gain far more.
+# At most 8 requests a batch: on a CPU a batch costs a little less than its requests alone, and more in a
+# batch kept paying up to 8 (README "Serving under load", `python -m benchmarks.load --batching on
+# --serve-args "--max-batch N"`). GPUs gain far more.
 DEFAULT_MAX_BATCH = 8
 
 
