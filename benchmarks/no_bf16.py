@@ -10,7 +10,8 @@ Prints, for fp32 then int8: the SemIf request (21 yes/no questions on the 400-to
 question, in seconds (medians of 2), seconds per newcomer request (4 questions on a short message), the
 answers to them, then how far int8 moves the answers from fp32, and whether an answer still does not depend on
 the other questions asked with it (`--per-tensor`: the same with PyTorch's dynamic quantisation, one scale per
-pass, which breaks that).
+pass, which breaks that); last, the SemIf request and that isolation with int8's attention in fp32 instead of
+float64 (`exact_attention`), alternated with float64 twice.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import torch
 
 from prefill import Prefill
-from prefill.backends.cpu import quantize_linears
+from prefill.backends.cpu import exact_attention, quantize_linears
 from prefill.bench import STATE, nouls
 from tests.test_default_model import BROKEN, NEWCOMER, QUESTIONS, THANKS, TICKET
 
@@ -76,6 +77,7 @@ def quantize(pf: Prefill, per_tensor: bool) -> None:
         torch.ao.quantization.quantize_dynamic(decoder, {torch.nn.Linear: config}, dtype=torch.qint8, inplace=True)
     else:
         quantize_linears(decoder)
+        exact_attention(pf.backend.model)  # as `--dtype int8` loads it
     pf.backend.forget_states()
 
 
@@ -110,6 +112,13 @@ def main() -> None:
         f"top answer agrees {agree}/{len(gaps)}"
     )
     print(f"int8, packed with 7 other questions vs alone: largest |dp| {isolation(pf):.2e}", flush=True)
+    if not args.per_tensor:  # what attention in float64 buys and costs, against fp32 attention, in this run
+        config, exact = pf.backend.model.config, pf.backend.model.config._attn_implementation
+        for attention in ("sdpa", exact, "sdpa", exact):
+            config._attn_implementation = attention
+            print(f"int8, attention {attention}: SemIf 21 questions {seconds(pf, nouls(21)):.2f} s", flush=True)
+        config._attn_implementation = "sdpa"
+        print(f"int8, attention in fp32: packed vs alone, largest |dp| {isolation(pf):.2e}", flush=True)
 
 
 if __name__ == "__main__":

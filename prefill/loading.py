@@ -301,7 +301,7 @@ def load(source: ModelSource, dtype: str = "float32"):
     """(model, tokenizer) for a source, converting and caching GGUF weights on first use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .backends.cpu import quantize_linears, torch_dtype
+    from .backends.cpu import exact_attention, quantize_linears, torch_dtype
 
     directory = model_directory(source)
     try:
@@ -311,6 +311,7 @@ def load(source: ModelSource, dtype: str = "float32"):
         raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
     if dtype == "int8":
         quantize_linears(model.get_decoder())  # the LM head stays fp32
+        exact_attention(model)
     return model, tokenizer
 
 

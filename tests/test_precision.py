@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -227,16 +228,40 @@ def test_int8_linear_scales_each_row_on_its_own():
 
 
 def test_int8_keeps_isolation(tiny_model, tokenizer):
-    """Packed vs alone, reordered and renamed questions, reordered options: as exact as fp32 (TOL), since no
-    row's quantisation sees another row. (How far int8 moves answers from fp32 is measured on real models,
-    `python -m benchmarks.no_bf16`: a tiny random model's near-flat answers say little about it.)"""
-    from .test_exactness import TOL
-
+    """Packed vs alone, reordered and renamed questions, reordered options, with int8 as loaded (its attention
+    in float64): within 1e-8, since no row's quantisation sees another row and attention gives a question the
+    same fp32 bits whatever is packed beside it (the LM head's fp32 rounding is what is left). (How far int8
+    moves answers from fp32 is measured on real models, `python -m benchmarks.no_bf16`: a tiny random model's
+    near-flat answers say little about it.)"""
     model = copy.deepcopy(tiny_model)
     reference = Engine(make_backend(tiny_model, tokenizer), scoring=RAW).ask(STATE, QUESTIONS)[0]
     assert cpu.quantize_linears(model.get_decoder()) > 0 and not hasattr(model.get_output_embeddings(), "_int8")
-    together = assert_isolated(Engine(make_backend(model, tokenizer), scoring=RAW), TOL)
+    assert cpu.exact_attention(model)
+    together = assert_isolated(Engine(make_backend(model, tokenizer), scoring=RAW), 1e-8)
     assert all(flat(reference[qid]) != flat(together[qid]) for qid in QUESTIONS)  # the int8 products ran
+
+
+def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():
+    """A question's queries over the state and its own tokens, alone, and with another question's tokens in
+    between (masked out, as in a packed tree): in float64, rounded back, the same fp32 bits (plain fp32 SDPA
+    differs in the last bits here, which int8's rounding grows through the layers)."""
+    torch.manual_seed(0)
+    heads, dim, n_state, n_other, n_own = 4, 16, 37, 23, 11
+    module = types.SimpleNamespace(num_key_value_groups=1, is_causal=True, training=False)
+    q = torch.randn(1, heads, n_own, dim)
+    k, v = torch.randn(2, 1, heads, n_state + n_other + n_own, dim)
+    own = list(range(n_state)) + list(range(n_state + n_other, n_state + n_other + n_own))
+    causal = torch.ones(n_own, n_own, dtype=torch.bool).tril()
+    packed = torch.zeros(n_own, n_state + n_other + n_own, dtype=torch.bool)
+    packed[:, :n_state], packed[:, n_state + n_other :] = True, causal
+    alone = torch.cat([torch.ones(n_own, n_state, dtype=torch.bool), causal], dim=1)
+
+    def attend(keys, values, visible):
+        mask = torch.zeros(1, 1, *visible.shape).masked_fill_(~visible, torch.finfo(torch.float32).min)
+        return cpu._float64_sdpa(module, q, keys, values, mask, scaling=dim**-0.5)[0]
+
+    got = attend(k, v, packed)
+    assert got.dtype == torch.float32 and torch.equal(got, attend(k[:, :, own], v[:, :, own], alone))
 
 
 def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
@@ -252,6 +277,7 @@ def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
     model, _ = load(resolve(str(tmp_path)), "int8")
     assert model.dtype == torch.float32 and not hasattr(model.get_output_embeddings(), "_int8")
     assert all(hasattr(m, "_int8") for m in model.get_decoder().modules() if type(m) is torch.nn.Linear)
+    assert model.config._attn_implementation == "prefill-float64-sdpa"  # exact_attention
     with pytest.raises(ValueError, match="int8"):
         Prefill(str(tmp_path), dtype="int8", backend="vllm")
     with pytest.raises(ValueError, match="int8"):

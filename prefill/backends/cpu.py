@@ -151,10 +151,8 @@ def quantize_linears(model: torch.nn.Module) -> int:
     """Give every fp32 `nn.Linear` in `model` an int8 copy of its weight (a scale per output channel), used
     whenever it runs without gradients; returns how many. Activations are quantised per token (`_int8_forward`),
     so no row's product depends on the other rows of a pass (PyTorch's dynamic quantisation scales the whole
-    pass at once, so a packed answer moved with the other questions). Answers can still move a little with
-    their neighbours: the fp32 parts of a pass differ in the last bits, and a change that crosses a rounding
-    step grows through the layers (README "Without bf16 units" has the sizes; `--dtype float32` is exact).
-    Call it on the decoder, not the model: the LM head stays fp32."""
+    pass at once, so a packed answer moved with the other questions). Call it on the decoder, not the model:
+    the LM head stays fp32; and give the model `exact_attention`, the other half of keeping answers isolated."""
     torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
     count = 0
     for module in model.modules():
@@ -188,6 +186,35 @@ def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     out = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pin]), self._int8, True)[:-1] * scale
     out = out if self.bias is None else out + self.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def exact_attention(model) -> bool:
+    """Attention computed in float64 and rounded back, for a model whose linears are int8; whether it was
+    set (the model attends through SDPA). Why: attention over a packed sequence blocks its keys otherwise than
+    over the question alone, so its fp32 result differs in the last bits; a last-bit change that crosses an
+    int8 rounding step grows through the layers, and answers moved with the questions packed beside them
+    (README "Without bf16 units" has the sizes). In float64 the last bits still differ, but rounded to fp32
+    they are the same bits but by the rarest chance, and the answers are as isolated as fp32's. At a
+    question's length attention is a small part of a pass, so it costs little (measured there too)."""
+    from transformers import AttentionInterface
+
+    if model.config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register("prefill-float64-sdpa", _float64_sdpa)
+    model.config._attn_implementation = "prefill-float64-sdpa"
+    return True
+
+
+def _float64_sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is None:  # plain causal attention over one sequence (a state alone): no neighbours to move it
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask.is_floating_point():
+        attention_mask = attention_mask.double()
+    key, value = key.double(), value.double()
+    out, weights = sdpa_attention_forward(module, query.double(), key, value, attention_mask, **kwargs)
+    return out.to(query.dtype), weights
 
 
 # ---------------------------------------------------------------- exact answer logits in bf16
