@@ -430,7 +430,7 @@ def run(args) -> None:
     names = args.tasks.split(",")
     meta = {
         "model": source.name,
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": dtype,  # as resolved: "int8" runs fp32 weights with int8 copies
         "items": args.items,
         "seed": args.seed,
         "fingerprint": loading.fingerprint(source),

@@ -114,7 +114,7 @@ ENCODERS = {
     )
 }
 # The default model depends on the precision the machine runs (`default_name`): with bf16 matrix units (or
-# int8 on AVX2) the 1.5B answers the real-task suite far better than the 0.5B and a request costs about what
+# int8 on AVX2) the 1.5B answers the real-task suite far better than the 0.5B and a request costs near what
 # the 0.5B cost in fp32; in fp32 the 1.5B costs 3x, so fp32 keeps the 0.5B (README "Real tasks", "Without
 # bf16 units").
 DEFAULT_NAME = QWEN05.name  # in float32

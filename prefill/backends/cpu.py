@@ -6,7 +6,7 @@ CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
 default, is bf16 where the CPU reports either flag (a CPU without them emulates bf16 and gets slower, never
 faster). An x86 CPU without them (AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8
 through fbgemm faster than fp32, so there auto is int8 (`quantize_linears`: weights per output channel,
-activations per token, the LM head fp32), which makes the 1.5B model cost about what the 0.5B costs in fp32
+activations per token, the LM head fp32), which brings the 1.5B model near what the 0.5B costs in fp32
 (README "Without bf16 units", `python -m benchmarks.no_bf16`); fp32 where there are no int8 kernels.
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
@@ -69,7 +69,7 @@ def asked_dtype(dtype: str | None) -> str:
 
 def resolve_dtype(dtype: str | None) -> str:
     """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units; on an x86 CPU without them, int8
-    (products in int8, a scale per token: the 1.5B model at about the 0.5B's fp32 time, README "Without
+    (products in int8, a scale per token: the 1.5B model near the 0.5B's fp32 time, README "Without
     bf16 units"); float32 elsewhere. Others as given. None: the environment's PREFILL_DTYPE, else "auto" (the test
     suite sets float32, the exact reference path its 1e-4 checks are written for; bf16 and int8 are tested on
     their own)."""
