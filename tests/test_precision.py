@@ -244,7 +244,7 @@ def test_int8_keeps_isolation(tiny_model, tokenizer):
 def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():
     """A question's queries over the state and its own tokens, alone, and with another question's tokens in
     between (masked out, as in a packed tree): in float64, rounded back, the same fp32 bits (plain fp32 SDPA
-    differs in the last bits here, which int8's rounding grows through the layers)."""
+    differs in the last bits here, which int8's rounding grows through the layers). Training keeps fp32."""
     torch.manual_seed(0)
     heads, dim, n_state, n_other, n_own = 4, 16, 37, 23, 11
     module = types.SimpleNamespace(num_key_value_groups=1, is_causal=True, training=False)
@@ -260,8 +260,14 @@ def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():
         mask = torch.zeros(1, 1, *visible.shape).masked_fill_(~visible, torch.finfo(torch.float32).min)
         return cpu._float64_sdpa(module, q, keys, values, mask, scaling=dim**-0.5)[0]
 
-    got = attend(k, v, packed)
-    assert got.dtype == torch.float32 and torch.equal(got, attend(k[:, :, own], v[:, :, own], alone))
+    with torch.inference_mode():  # as the backends score
+        got = attend(k, v, packed)
+        assert got.dtype == torch.float32 and torch.equal(got, attend(k[:, :, own], v[:, :, own], alone))
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mask = torch.zeros(1, 1, *packed.shape).masked_fill_(~packed, torch.finfo(torch.float32).min)
+    plain = sdpa_attention_forward(module, q, k, v, mask, scaling=dim**-0.5)[0]
+    assert torch.equal(attend(k, v, packed), plain)  # with gradients on (LoRA training on fp32 weights): fp32
 
 
 def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):

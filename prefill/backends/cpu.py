@@ -208,7 +208,9 @@ def exact_attention(model) -> bool:
 def _float64_sdpa(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if attention_mask is None:  # plain causal attention over one sequence (a state alone): no neighbours to move it
+    # Plain causal attention over one sequence (a state alone) has no neighbours to move it; training (LoRA)
+    # runs the fp32 weights, not the int8 ones (`_int8_forward`), so there is no rounding step to cross.
+    if attention_mask is None or torch.is_grad_enabled():
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if attention_mask.is_floating_point():
         attention_mask = attention_mask.double()
