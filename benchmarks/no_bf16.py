@@ -23,7 +23,7 @@ import time
 import torch
 
 from prefill import Prefill
-from prefill.backends.cpu import exact_attention, quantize_linears
+from prefill.backends.cpu import to_int8
 from prefill.bench import STATE, nouls
 from tests.test_default_model import BROKEN, NEWCOMER, QUESTIONS, THANKS, TICKET
 
@@ -76,8 +76,7 @@ def quantize(pf: Prefill, per_tensor: bool) -> None:
         config = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(decoder, {torch.nn.Linear: config}, dtype=torch.qint8, inplace=True)
     else:
-        quantize_linears(decoder)
-        exact_attention(pf.backend.model)  # as `--dtype int8` loads it
+        to_int8(pf.backend.model)  # as `--dtype int8` loads it
     pf.backend.forget_states()
 
 

@@ -301,7 +301,7 @@ def load(source: ModelSource, dtype: str = "float32"):
     """(model, tokenizer) for a source, converting and caching GGUF weights on first use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .backends.cpu import exact_attention, quantize_linears, torch_dtype
+    from .backends.cpu import to_int8, torch_dtype
 
     directory = model_directory(source)
     try:
@@ -310,8 +310,7 @@ def load(source: ModelSource, dtype: str = "float32"):
     except OSError as e:
         raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
     if dtype == "int8":
-        quantize_linears(model.get_decoder())  # the LM head stays fp32
-        exact_attention(model)
+        to_int8(model)
     return model, tokenizer
 
 

@@ -188,6 +188,13 @@ def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def to_int8(model) -> None:
+    """`--dtype int8` on a model loaded in fp32: the decoder's linears in int8 (the LM head stays fp32) and
+    attention in float64; the two halves of int8 answers that do not move with their neighbours."""
+    quantize_linears(model.get_decoder())
+    exact_attention(model)
+
+
 def exact_attention(model) -> bool:
     """Attention computed in float64 and rounded back, for a model whose linears are int8; whether it was
     set (the model attends through SDPA). Why: attention over a packed sequence blocks its keys otherwise than
