@@ -13,6 +13,7 @@ threads; about a minute, then about two for the chunk sizes on the default model
     python -m benchmarks.fastpath --micro
     python -m benchmarks.fastpath --chunks
     python -m benchmarks.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
+    python -m benchmarks.fastpath --exact qwen2.5-coder-1.5b-instruct   # --exact vs plain bf16, one run
 """
 
 from __future__ import annotations
@@ -211,6 +212,54 @@ def precision() -> None:
     print(f"bf16 isolation on the test ticket: largest |dp| alone vs packed / reordered / renamed {worst:.4f}")
 
 
+def exact(model: str, repeats: int = 3) -> None:
+    """`--exact` against plain bf16 on one model, in one run: each half alone and both (attention in float64,
+    products in fixed blocks of rows): the largest |dp| of a question packed with others vs alone, of batched
+    requests vs one by one, and the SemIf request's seconds (21 questions, 1), alternated twice."""
+    from prefill import Prefill
+    from prefill.backends import cpu
+    from prefill.bench import STATE, nouls
+
+    from .no_bf16 import MESSAGES, NEWCOMER, flat, isolation, seconds
+
+    pf = Prefill(model, dtype="bfloat16", calibration=None)
+    net, config = pf.backend.model, pf.backend.model.config
+    cpu.make_exact(net, "bfloat16")
+    modes = {
+        "plain bf16": ("sdpa", 0),
+        "float64 attention only": (cpu.EXACT_ATTENTION, 0),
+        "fixed blocks of rows only": ("sdpa", cpu.EXACT_ROWS),
+        "--exact (both)": (cpu.EXACT_ATTENTION, cpu.EXACT_ROWS),
+    }
+
+    def use(mode: str) -> None:
+        config._attn_implementation, net._prefill_exact_rows = modes[mode]
+        pf.backend.forget_states()
+        pf.engine._priors = type(pf.engine._priors)()
+
+    def batched() -> float:
+        alone = [pf.engine.decide(m, NEWCOMER) for m in MESSAGES]
+        pf.backend.forget_states()
+        together = pf.engine.decide_many([(m, NEWCOMER, None) for m in MESSAGES])
+        return max(
+            max(abs(x - y) for x, y in zip(flat(a.answers[q]), flat(b.answers[q])))
+            for a, b in zip(alone, together)
+            for q in NEWCOMER
+        )
+
+    for mode in modes:
+        use(mode)
+        print(f"{mode}: packed vs alone {isolation(pf):.2e}, batched vs one by one {batched():.2e}", flush=True)
+    for mode in [*modes] * 2:
+        use(mode)
+        pf.engine.ask(STATE, nouls(2))  # the priors, once
+        print(
+            f"{mode}: SemIf 21 questions {seconds(pf, nouls(21), repeats):.3f} s, "
+            f"1 question {seconds(pf, nouls(1), repeats):.3f} s",
+            flush=True,
+        )
+
+
 def table(folders: list[str]) -> None:
     print(
         "| model | dtype | 21 questions, one request | HF generate (JSON): prefill faster by | llama.cpp server "
@@ -228,6 +277,7 @@ def main() -> None:
     ap.add_argument("--micro", action="store_true", help="time the fast path's choices against their alternatives")
     ap.add_argument("--chunks", action="store_true", help="time tree chunk sizes on the default model")
     ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")
+    ap.add_argument("--exact", metavar="MODEL", help="--exact vs plain bf16 on MODEL: isolation and seconds, one run")
     args = ap.parse_args()
     if args.micro:
         micro()
@@ -235,10 +285,12 @@ def main() -> None:
         chunks()
     if args.precision:
         precision()
+    if args.exact:
+        exact(args.exact)
     if args.folders:
         table(args.folders)
-    if not (args.micro or args.chunks or args.precision or args.folders):
-        ap.error("give bench folders, --micro or --chunks")
+    if not (args.micro or args.chunks or args.precision or args.exact or args.folders):
+        ap.error("give bench folders, --micro, --chunks, --precision or --exact MODEL")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ from prefill.schema import Choice, Noul, Score
 from .conftest import RAW, make_backend
 
 # Packed with other questions vs alone, reordered, renamed: the largest |Δp| measured in bf16 was 0.003 on the
-# tiny models here (0 for the Llama one) and 0.018 on the default model (`python -m benchmarks.fastpath
-# --precision`): bf16 activations
-# round to 8 significant bits, and attention over a longer packed sequence sums in another order.
+# tiny models here (0 for the Llama one), 0.009 (1.5B) and 0.012 (0.5B) on the real models, and 0.023-0.028 for
+# batched requests vs one by one (README "Precision", `python -m benchmarks.fastpath --exact MODEL`): bf16
+# activations round to 8 significant bits, attention over a longer packed sequence sums in another order, and
+# oneDNN's bf16 products sum a row in an order that depends on the row count. `--exact` removes both (tested).
 BF16_TOL = 1e-2
 needs_bf16_units = pytest.mark.skipif(not cpu.has_bf16_units(), reason="this CPU has no bf16 matrix units")
 
@@ -239,6 +240,78 @@ def test_int8_keeps_isolation(tiny_model, tokenizer):
     assert cpu.exact_attention(model)
     together = assert_isolated(Engine(make_backend(model, tokenizer), scoring=RAW), 1e-8)
     assert all(flat(reference[qid]) != flat(together[qid]) for qid in QUESTIONS)  # the int8 products ran
+
+
+REQUESTS = [(STATE, QUESTIONS, None), ("Thanks, great service!", QUESTIONS, None), ("Crashes.", QUESTIONS, None)]
+
+
+def batched_vs_alone(model, tokenizer) -> float:
+    """The largest |dp| between requests batched into shared passes (`decide_many`: the server under load) and
+    the same requests asked one by one."""
+    alone = [Engine(make_backend(model, tokenizer), scoring=RAW).decide(*r) for r in REQUESTS]
+    got = Engine(make_backend(model, tokenizer), scoring=RAW).decide_many(REQUESTS)
+    return max(
+        max(abs(x - y) for x, y in zip(flat(a.answers[q]), flat(g.answers[q])))
+        for a, g in zip(alone, got)
+        for q in QUESTIONS
+    )
+
+
+def test_int8_batched_requests_get_the_bits_they_get_alone(tiny_model, tokenizer, monkeypatch):
+    """Requests batched into shared passes get exactly the answers they get one by one, in int8 as loaded:
+    each state runs alone (`states_run_alone`). Run side by side, as they are in fp32, the states' keys and
+    values differ in the last bits and the answers move (checked below)."""
+    model = copy.deepcopy(tiny_model)
+    cpu.to_int8(model)
+    assert batched_vs_alone(model, tokenizer) == 0.0
+    monkeypatch.setattr("prefill.backends.causal_lm.states_run_alone", lambda model: False)
+    assert batched_vs_alone(model, tokenizer) > 1e-8
+
+
+@needs_bf16_units
+def test_bf16_exact_gives_the_same_bits_packed_batched_or_alone(tiny_model, tokenizer):
+    """`--exact` in bf16: packed vs alone, reordered questions and options, renamed ids, batched requests vs one
+    by one: the same bits. Plain bf16 moves (within BF16_TOL)."""
+    plain, exact = (copy.deepcopy(tiny_model).to(torch.bfloat16) for _ in range(2))
+    assert batched_vs_alone(plain, tokenizer) > 0
+    cpu.make_exact(exact, "bfloat16")
+    assert_isolated(Engine(make_backend(exact, tokenizer), scoring=RAW), 0.0)
+    assert batched_vs_alone(exact, tokenizer) == 0.0
+
+
+@needs_bf16_units
+def test_products_in_fixed_blocks_give_a_row_the_same_bits_in_any_pass():
+    """`--exact`'s products: a row's output in a pass of 23 rows and in one of 400, bit for bit (plain oneDNN
+    products choose their kernel by the row count, and with it the order of a row's sums)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(512, 1024, bias=False).to(torch.bfloat16)
+    cpu.pack_linears(layer)
+    x = torch.randn(400, 512, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        short, long = (cpu._in_blocks(x[:n], layer._packed, cpu.EXACT_ROWS) for n in (23, 400))
+        assert torch.equal(short, long[:23])
+        assert torch.equal(long[:128], cpu._packed_product(x[:128], layer._packed))  # a whole block: as plain
+
+
+def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
+    """`--exact` is bf16's on a CPU (int8 is exact always, fp32 the reference: there it changes nothing); vLLM and
+    the encoder route refuse it."""
+    from prefill.api import Prefill
+
+    from .conftest import make_model
+
+    make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert Prefill(str(tmp_path), dtype="float32", exact=True).backend.model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="--exact"):
+        Prefill(str(tmp_path), dtype="float32", exact=True, backend="vllm")
+    with pytest.raises(ValueError, match="--exact"):
+        Prefill(str(tmp_path), dtype="float32", exact=True, route="encoder")
+    with pytest.raises(ValueError, match="--exact is for bf16"):
+        cpu.make_exact(make_model("qwen2", len(tokenizer)), "float16")
+    if cpu.has_bf16_units():  # what `--dtype bfloat16 --exact` loads
+        model = Prefill(str(tmp_path), dtype="bfloat16", exact=True).backend.model
+        assert cpu.states_run_alone(model) and model._prefill_exact_rows == cpu.EXACT_ROWS
 
 
 def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():

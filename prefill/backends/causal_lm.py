@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from ..render import Branches, Renderer
 from .base import Backend
-from .cpu import exact_logits, head_input, pack_linears
+from .cpu import exact_logits, fixed_rows, head_input, pack_linears, states_run_alone
 from .hidden import HiddenStates
 from .rows import score_rows
 from .states import StateCache, block_diagonal_mask, concat, cut
@@ -187,10 +187,12 @@ class CausalLMBackend(HiddenStates, Backend):
     def _run_states(self, states: Sequence[Sequence[int]]) -> list[DynamicCache]:
         """Each state's keys/values: from the cache, else computed. States not cached yet are run side by
         side in one pass (up to `state_pack_tokens` tokens; each one at its own positions, seeing only
-        itself), then cut apart: the same keys and values, up to float rounding, as run alone."""
+        itself), then cut apart: the same keys and values, up to float rounding, as run alone (in int8, where
+        that rounding would move answers, each runs alone: cpu.states_run_alone)."""
         found, missing = self.states.lookup(states)
         computed: dict[tuple[int, ...], DynamicCache] = {}
-        for group in chunks(missing, self.state_pack_tokens, size=len):
+        budget = 0 if states_run_alone(self.model) else self.state_pack_tokens
+        for group in chunks(missing, budget, size=len):
             computed.update(zip(group, self._state_pass(group)))
         self.states.keep(computed)
         found.update(computed)
@@ -251,7 +253,7 @@ class CausalLMBackend(HiddenStates, Backend):
             else {"input_ids": torch.tensor([tree.ids], device=self.device)}
         )
         started = time.perf_counter()
-        with self._outputs(layers) as captured, head_input(self.model, self.dtype) as head:
+        with self._outputs(layers) as captured, head_input(self.model, self.dtype) as head, fixed_rows(self.model):
             out = self.model(
                 **inputs,
                 position_ids=torch.tensor([tree.positions], device=self.device),

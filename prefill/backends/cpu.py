@@ -26,6 +26,7 @@ a measurable share off the SemIf request in bf16 (README "The CPU's matrix units
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import types
@@ -135,8 +136,54 @@ _ALLOCATOR_TUNED: bool | None = None
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() or x.dtype != self._packed.dtype or x.device.type != "cpu":
         return torch.nn.functional.linear(x, self.weight, self.bias)
-    out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+    rows = _FIXED_ROWS.get()
+    out = _in_blocks(x, self._packed, rows) if rows else _packed_product(x, self._packed)
     return out if self.bias is None else out + self.bias
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def _in_blocks(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """x's rows multiplied in blocks of exactly `rows` (the last one padded with zeros). oneDNN picks its kernel,
+    and with it the order a row's sums are taken in, by the number of rows, so the same row gets other bf16 bits
+    in a pass of 23 rows than in one of 388; in blocks of a fixed size it gets the same bits wherever it is."""
+    flat = x.reshape(-1, x.shape[-1])
+    n = flat.shape[0]
+    padded = torch.cat([flat, flat.new_zeros((-n) % rows, flat.shape[1])])
+    out = torch.cat([_packed_product(block, packed) for block in padded.split(rows)])[:n]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+# `--exact` in bf16: the tree pass's products in blocks of this many rows (`fixed_rows`). 64, 128 and 224 all
+# give the same bits; 128 cost least on the many-question request (README "Precision").
+EXACT_ROWS = 128
+_FIXED_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("prefill_fixed_rows", default=0)
+
+
+def make_exact(model, dtype: str) -> None:
+    """`--exact` in bf16 on a CPU with bf16 units: a question's answer gets the same bits however it is
+    packed or its request batched. Attention runs in float64 (`exact_attention`), each state in a pass of its own
+    (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`fixed_rows`, `_in_blocks`).
+    Without it bf16 answers move by up to about 1e-2 with what is packed beside them (README "Precision")."""
+    if dtype != "bfloat16" or not can_pack(torch.bfloat16) or not exact_attention(model):
+        raise ValueError(
+            "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
+            f"exact always and float32 is the reference, not {dtype}"
+        )
+    model._prefill_exact_rows = EXACT_ROWS
+
+
+@contextlib.contextmanager
+def fixed_rows(model) -> Iterator[None]:
+    """While a tree pass runs: the products in blocks of a fixed number of rows where `make_exact` asked for it
+    (a state runs alone, so its own pass needs none)."""
+    token = _FIXED_ROWS.set(getattr(model, "_prefill_exact_rows", 0))
+    try:
+        yield
+    finally:
+        _FIXED_ROWS.reset(token)
 
 
 # ---------------------------------------------------------------- int8 products, a scale per token
@@ -207,16 +254,29 @@ def exact_attention(model) -> bool:
 
     if model.config._attn_implementation != "sdpa":
         return False
-    AttentionInterface.register("prefill-float64-sdpa", _float64_sdpa)
-    model.config._attn_implementation = "prefill-float64-sdpa"
+    AttentionInterface.register(EXACT_ATTENTION, _float64_sdpa)
+    model.config._attn_implementation = EXACT_ATTENTION
     return True
+
+
+EXACT_ATTENTION = "prefill-float64-sdpa"
+
+
+def states_run_alone(model) -> bool:
+    """Whether each state must run in a pass of its own rather than side by side with other requests' states
+    (`CausalLMBackend.score_many`): yes under `exact_attention`. A state alone attends in fp32 (plain causal
+    attention), states side by side in float64 (they need a mask), and the two differ in the last bits, which
+    int8's rounding grows: batched requests' answers moved by tenths from the same requests asked one by one
+    (README "Without bf16 units"). Alone, a state gets the same bits however requests arrive; the tree pass
+    that reads several states is masked, hence float64, hence the same bits too."""
+    return model.config._attn_implementation == EXACT_ATTENTION
 
 
 def _float64_sdpa(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    # Plain causal attention over one sequence (a state alone) has no neighbours to move it; training (LoRA)
-    # runs the fp32 weights, not the int8 ones (`_int8_forward`), so there is no rounding step to cross.
+    # Plain causal attention over one sequence (a state, run alone: `states_run_alone`) has no neighbours to move
+    # it; training (LoRA) runs the fp32 weights, not the int8 ones (`_int8_forward`): no rounding step to cross.
     if attention_mask is None or torch.is_grad_enabled():
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if attention_mask.is_floating_point():

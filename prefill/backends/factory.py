@@ -21,6 +21,8 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
             raise ValueError("--dtype int8 is the decoder route's CPU path on the torch backend")
         dtype = "float32"  # auto chose int8 for a CPU without bf16 units: measured on decoders only
         source = loading.resolve(settings.model, dtype)
+    if settings.exact and (encoder or settings.backend == "vllm"):
+        raise ValueError("--exact is the decoder route's CPU path on the torch backend")
     backend = _construct(settings, source, encoder, dtype)
     backend.precision = dtype
     backend.release_date, backend.fingerprint = source.release_date, loading.fingerprint(source)
@@ -64,4 +66,8 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
     from .causal_lm import CausalLMBackend
 
     hf_model, tokenizer = loading.load(source, dtype)
+    if settings.exact and dtype not in ("float32", "int8"):  # int8 is exact always, fp32 the reference
+        from .cpu import make_exact
+
+        make_exact(hf_model, dtype)
     return CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **prompt)
