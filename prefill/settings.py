@@ -85,7 +85,7 @@ class Settings:
             "--exact",
             "bf16 on a CPU: every answer the same bits however its question is packed or its request batched "
             "(products in fixed blocks of rows, attention in float64), at about 1.5x the time of a many-question "
-            "request; without it bf16 answers move by up to about 1e-2. int8 is exact always, fp32 within 1e-6 "
+            "request; without it bf16 answers move by up to a few hundredths. int8 is exact always, fp32 within 1e-6 "
             '(README "Precision")',
             action="store_true",
         ),

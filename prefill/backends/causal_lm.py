@@ -187,8 +187,8 @@ class CausalLMBackend(HiddenStates, Backend):
     def _run_states(self, states: Sequence[Sequence[int]]) -> list[DynamicCache]:
         """Each state's keys/values: from the cache, else computed. States not cached yet are run side by
         side in one pass (up to `state_pack_tokens` tokens; each one at its own positions, seeing only
-        itself), then cut apart: the same keys and values, up to float rounding, as run alone (in int8, where
-        that rounding would move answers, each runs alone: cpu.states_run_alone)."""
+        itself), then cut apart: the same keys and values, up to float rounding, as run alone (in int8, and
+        bf16 with --exact, where that rounding would move answers, each runs alone: cpu.states_run_alone)."""
         found, missing = self.states.lookup(states)
         computed: dict[tuple[int, ...], DynamicCache] = {}
         budget = 0 if states_run_alone(self.model) else self.state_pack_tokens

@@ -166,7 +166,9 @@ def make_exact(model, dtype: str) -> None:
     """`--exact` in bf16 on a CPU with bf16 units: a question's answer gets the same bits however it is
     packed or its request batched. Attention runs in float64 (`exact_attention`), each state in a pass of its own
     (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`fixed_rows`, `_in_blocks`).
-    Without it bf16 answers move by up to about 1e-2 with what is packed beside them (README "Precision")."""
+    Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them (README
+    "Precision"). It covers the packed tree pass, which every model that takes attention masks runs; models run
+    as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not covered."""
     if dtype != "bfloat16" or not can_pack(torch.bfloat16) or not exact_attention(model):
         raise ValueError(
             "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
@@ -266,9 +268,10 @@ def states_run_alone(model) -> bool:
     """Whether each state must run in a pass of its own rather than side by side with other requests' states
     (`CausalLMBackend.score_many`): yes under `exact_attention`. A state alone attends in fp32 (plain causal
     attention), states side by side in float64 (they need a mask), and the two differ in the last bits, which
-    int8's rounding grows: batched requests' answers moved by tenths from the same requests asked one by one
-    (README "Without bf16 units"). Alone, a state gets the same bits however requests arrive; the tree pass
-    that reads several states is masked, hence float64, hence the same bits too."""
+    int8's rounding (and bf16's, under `make_exact`) grows: in int8, batched requests' answers moved by tenths
+    from the same requests asked one by one (README "Without bf16 units"). Alone, a state gets the same bits
+    however requests arrive; the tree pass that reads several states is masked, hence float64, hence the same
+    bits too."""
     return model.config._attn_implementation == EXACT_ATTENTION
 
 
