@@ -519,7 +519,8 @@ def headline(m: dict) -> float:
 
 def report(outs: list[Path]) -> dict:
     """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
-    served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out."""
+    served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out, and the
+    ECE a perfectly calibrated model would show on as many questions (`metrics.ece_floor`)."""
     from prefill.scoring import DEFAULT
 
     result = {}
@@ -555,21 +556,28 @@ def report(outs: list[Path]) -> dict:
             f"\nserved scoring {', '.join(f'{t}: {w}' for t, w in served.items())}; calibrated with per-type "
             "temperatures fitted on the other tasks\n"
         )
-        print("| task | type | n | accuracy (majority, chance) | macro-F1 | AUC / ρ | ECE raw | ECE calibrated |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| task | type | n | accuracy (majority, chance) | macro-F1 | AUC / ρ | ECE raw | ECE calibrated | "
+            "ECE floor |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         detail = {}
+        from prefill.evaluation.metrics import ece_floor
+
         from .realtext import fit_calibration
 
         for (task, qtype), crows in cells.items():
             cal = fit_calibration([r for r in rows if r["task"] != task], served, meta["model"], meta["fingerprint"])
             raw = task_metrics(crows, softmax_rows(crows, served[qtype]))
             calibrated = task_metrics(crows, softmax_rows(crows, served[qtype], cal))
-            detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated}
+            # what a perfectly calibrated model would show on this many questions (gold drawn from its answers)
+            floor = ece_floor([(p, r["gold"]) for p, r in zip(softmax_rows(crows, served[qtype]), crows)])
+            detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated, "ece_floor": floor}
             second = raw.get("auc", raw.get("spearman", float("nan")))
             print(
                 f"| {task} | {qtype} | {len(crows)} | {raw['accuracy']:.3f} ({raw['majority']:.2f}, "
                 f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
-                f"{calibrated['ece']:.3f} |"
+                f"{calibrated['ece']:.3f} | {floor:.3f} |"
             )
         result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
     return result
