@@ -519,8 +519,9 @@ def headline(m: dict) -> float:
 
 def report(outs: list[Path]) -> dict:
     """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
-    served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out, and the
-    ECE a perfectly calibrated model would show on as many questions (`metrics.ece_floor`)."""
+    served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out and with
+    the task's own temperature (two-fold), and the ECE a perfectly calibrated model would show on as many
+    questions (`metrics.ece_floor`)."""
     from prefill.scoring import DEFAULT
 
     result = {}
@@ -558,9 +559,9 @@ def report(outs: list[Path]) -> dict:
         )
         print(
             "| task | type | n | accuracy (majority, chance) | macro-F1 | AUC / ρ | ECE raw | ECE calibrated | "
-            "ECE floor |"
+            "ECE, the task's own temperature | ECE floor |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         detail = {}
         from prefill.evaluation.metrics import ece_floor
 
@@ -572,15 +573,32 @@ def report(outs: list[Path]) -> dict:
             calibrated = task_metrics(crows, softmax_rows(crows, served[qtype], cal))
             # what a perfectly calibrated model would show on this many questions (gold drawn from its answers)
             floor = ece_floor([(p, r["gold"]) for p, r in zip(softmax_rows(crows, served[qtype]), crows)])
-            detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated, "ece_floor": floor}
+            own = own_temperature_ece(crows, served, meta)
+            detail[f"{task}|{qtype}"] = {"raw": raw, "calibrated": calibrated, "ece_own": own, "ece_floor": floor}
             second = raw.get("auc", raw.get("spearman", float("nan")))
             print(
                 f"| {task} | {qtype} | {len(crows)} | {raw['accuracy']:.3f} ({raw['majority']:.2f}, "
                 f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
-                f"{calibrated['ece']:.3f} | {floor:.3f} |"
+                f"{calibrated['ece']:.3f} | {own:.3f} | {floor:.3f} |"
             )
         result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
     return result
+
+
+def own_temperature_ece(rows: list[dict], served: dict, meta: dict) -> float:
+    """ECE with a temperature fitted on the task's own labelled questions, two-fold by text (half the texts fit
+    it, the other half are measured, then the other way round): what `prefill calibrate` on a user's task buys."""
+    from prefill.evaluation.metrics import ece
+
+    from .realtext import fit_calibration
+
+    texts = sorted({r["item"] for r in rows})
+    preds = []
+    for fit_half in (set(texts[0::2]), set(texts[1::2])):
+        cal = fit_calibration([r for r in rows if r["item"] in fit_half], served, meta["model"], meta["fingerprint"])
+        held = [r for r in rows if r["item"] not in fit_half]
+        preds += [(p, r["gold"]) for p, r in zip(softmax_rows(held, served[held[0]["type"]], cal), held)]
+    return ece(preds)
 
 
 def side_by_side(outs: list[Path]) -> None:
