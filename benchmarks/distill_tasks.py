@@ -117,9 +117,10 @@ def llama_teacher(args):
 def report(outs: list[Path]) -> None:
     print(
         "| run | task | held-out questions | agreement with the teacher | student / teacher accuracy (gold) | "
-        "seconds a row: student / teacher (speed-up) | cascade: escalated for 95 % agreement |"
+        "seconds a row: student / teacher (speed-up) | cascade: escalated for 95 % agreement | for 90 % | "
+        "student's log loss vs the teacher |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for out in outs:
         for path in sorted(out.glob("*/distill.json")):
             r = json.loads(path.read_text())
@@ -127,10 +128,15 @@ def report(outs: list[Path]) -> None:
             speed = t["seconds_per_row"] / h["student_seconds_per_row"]
             c = h["cascade_for_target"]
             cascade = f"{c['escalated']:.0%} (threshold {c['threshold']:.2f})" if "escalated" in c else "not reached"
+            ninety = next((p for p in h.get("cascade", []) if p["agreement"] >= 0.9), None)
+            at_90 = "-"
+            if ninety:
+                at_90 = f"{ninety['escalated']:.0%} ({ninety['agreement']:.3f} at {ninety['threshold']:.2f})"
             print(
                 f"| {out.name} | {path.parent.name} | {h['questions']} | {h['agreement']:.3f} | "
                 f"{h.get('student_accuracy', float('nan')):.3f} / {h.get('teacher_accuracy', float('nan')):.3f} | "
-                f"{h['student_seconds_per_row']:.3f} / {t['seconds_per_row']:.3f} ({speed:.0f}x) | {cascade} |"
+                f"{h['student_seconds_per_row']:.3f} / {t['seconds_per_row']:.3f} ({speed:.0f}x) | {cascade} | "
+                f"{at_90} | {h.get('log_loss_vs_teacher', float('nan')):.3f} |"
             )
 
 

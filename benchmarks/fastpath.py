@@ -220,7 +220,7 @@ def exact(model: str, repeats: int = 3) -> None:
     from prefill.backends import cpu
     from prefill.bench import STATE, nouls
 
-    from .no_bf16 import MESSAGES, NEWCOMER, flat, isolation, seconds
+    from .no_bf16 import batched_vs_one_by_one, isolation, seconds
 
     pf = Prefill(model, dtype="bfloat16", calibration=None)
     net, config = pf.backend.model, pf.backend.model.config
@@ -230,26 +230,21 @@ def exact(model: str, repeats: int = 3) -> None:
         "float64 attention only": (cpu.EXACT_ATTENTION, 0),
         "fixed blocks of rows only": ("sdpa", cpu.EXACT_ROWS),
         "--exact (both)": (cpu.EXACT_ATTENTION, cpu.EXACT_ROWS),
+        "--exact, blocks of 64": (cpu.EXACT_ATTENTION, 64),
+        "--exact, blocks of 224": (cpu.EXACT_ATTENTION, 224),
     }
+    shape, differ = rows_that_differ(net)
+    print(f"the decoder's largest projection, {shape}: row counts giving other bits than 2,100 rows: {differ}")
 
     def use(mode: str) -> None:
         config._attn_implementation, net._prefill_exact_rows = modes[mode]
         pf.backend.forget_states()
         pf.engine._priors = type(pf.engine._priors)()
 
-    def batched() -> float:
-        alone = [pf.engine.decide(m, NEWCOMER) for m in MESSAGES]
-        pf.backend.forget_states()
-        together = pf.engine.decide_many([(m, NEWCOMER, None) for m in MESSAGES])
-        return max(
-            max(abs(x - y) for x, y in zip(flat(a.answers[q]), flat(b.answers[q])))
-            for a, b in zip(alone, together)
-            for q in NEWCOMER
-        )
-
     for mode in modes:
         use(mode)
-        print(f"{mode}: packed vs alone {isolation(pf):.2e}, batched vs one by one {batched():.2e}", flush=True)
+        gaps = f"packed vs alone {isolation(pf):.2e}, batched vs one by one {batched_vs_one_by_one(pf):.2e}"
+        print(f"{mode}: {gaps}", flush=True)
     for mode in [*modes] * 2:
         use(mode)
         pf.engine.ask(STATE, nouls(2))  # the priors, once
@@ -258,6 +253,19 @@ def exact(model: str, repeats: int = 3) -> None:
             f"1 question {seconds(pf, nouls(1), repeats):.3f} s",
             flush=True,
         )
+
+
+def rows_that_differ(net, counts=(*range(1, 65), 96, 128, 129, 200, 256, 388, 512, 768, 1024)) -> tuple[str, list]:
+    """The row counts at which the decoder's largest packed projection gives its first rows other bits than
+    the same rows in a pass of 2,100 (why `--exact` multiplies in fixed blocks of rows)."""
+    from prefill.backends import cpu
+
+    layer = max((m for m in net.get_decoder().modules() if hasattr(m, "_packed")), key=lambda m: m.weight.numel())
+    x = torch.randn(2100, layer.in_features, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full = cpu._packed_product(x, layer._packed)
+        differ = [n for n in counts if not torch.equal(cpu._packed_product(x[:n], layer._packed), full[:n])]
+    return f"{layer.in_features} x {layer.out_features}", differ
 
 
 def table(folders: list[str]) -> None:

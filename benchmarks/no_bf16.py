@@ -12,6 +12,11 @@ answers to them, then how far int8 moves the answers from fp32, and whether an a
 the other questions asked with it (`--per-tensor`: the same with PyTorch's dynamic quantisation, one scale per
 pass, which breaks that); last, the SemIf request and that isolation with int8's attention in fp32 instead of
 float64 (`exact_attention`), alternated with float64 twice.
+
+    python -m benchmarks.no_bf16 --batched --model qwen2.5-coder-1.5b-instruct   # about a minute
+
+only loads the model in int8 and prints how far requests batched into shared passes answer from the same
+requests asked one by one, with each state run alone (as served) and with the states run side by side.
 """
 
 from __future__ import annotations
@@ -90,11 +95,41 @@ def isolation(pf: Prefill) -> float:
     )
 
 
+def batched_vs_one_by_one(pf: Prefill) -> float:
+    """The largest |dp| between the newcomer's questions on MESSAGES asked as one batch of requests (shared
+    passes, `decide_many`: the server under load) and asked one request at a time."""
+    alone = [pf.engine.decide(m, NEWCOMER) for m in MESSAGES]
+    pf.backend.forget_states()
+    together = pf.engine.decide_many([(m, NEWCOMER, None) for m in MESSAGES])
+    return max(
+        max(abs(x - y) for x, y in zip(flat(a.answers[q]), flat(b.answers[q])))
+        for a, b in zip(alone, together)
+        for q in NEWCOMER
+    )
+
+
+def batched(model: str) -> None:
+    from prefill.backends import causal_lm
+
+    print(f"loading {model} in int8", flush=True)
+    pf = Prefill(model, dtype="int8", calibration=None)
+    print(f"int8, each state alone (served): batched vs one by one {batched_vs_one_by_one(pf):.2e}", flush=True)
+    served, causal_lm.states_run_alone = causal_lm.states_run_alone, lambda model: False
+    try:
+        pf.backend.forget_states()
+        print(f"int8, states side by side: batched vs one by one {batched_vs_one_by_one(pf):.2e}", flush=True)
+    finally:
+        causal_lm.states_run_alone = served
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--per-tensor", action="store_true", help="PyTorch's dynamic quantisation instead of prefill's")
+    ap.add_argument("--batched", action="store_true", help="only: batched requests vs one by one, in int8")
     args = ap.parse_args()
+    if args.batched:
+        return batched(args.model)
     print(f"loading {args.model} in fp32 (threads: {torch.get_num_threads()})", flush=True)
     pf = Prefill(args.model, dtype="float32", calibration=None)
     ref = measure(pf, "fp32")

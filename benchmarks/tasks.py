@@ -563,6 +563,7 @@ def report(outs: list[Path]) -> dict:
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         detail = {}
+        eces: dict[str, list[float]] = {"raw": [], "calibrated": [], "own": [], "floor": []}
         from prefill.evaluation.metrics import ece_floor
 
         from .realtext import fit_calibration
@@ -581,6 +582,9 @@ def report(outs: list[Path]) -> dict:
                 f"{raw['chance']:.2f}) | {raw['macro_f1']:.3f} | {second:.3f} | {raw['ece']:.3f} | "
                 f"{calibrated['ece']:.3f} | {own:.3f} | {floor:.3f} |"
             )
+            for key, value in zip(eces, (raw["ece"], calibrated["ece"], own, floor)):
+                eces[key].append(value)
+        print(f"| mean | | | | | | {' | '.join(f'{mean(v):.3f}' for v in eces.values())} |")
         result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
     return result
 

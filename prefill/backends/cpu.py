@@ -157,7 +157,7 @@ def _in_blocks(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor
 
 
 # `--exact` in bf16: the tree pass's products in blocks of this many rows (`fixed_rows`). 64, 128 and 224 all
-# give the same bits; 128 cost least on the many-question request (README "Precision").
+# give the same bits; 128 is near the cheapest of the three on both many questions and one (README "Precision").
 EXACT_ROWS = 128
 _FIXED_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("prefill_fixed_rows", default=0)
 
@@ -169,11 +169,12 @@ def make_exact(model, dtype: str) -> None:
     Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them (README
     "Precision"). It covers the packed tree pass, which every model that takes attention masks runs; models run
     as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not covered."""
-    if dtype != "bfloat16" or not can_pack(torch.bfloat16) or not exact_attention(model):
+    if dtype != "bfloat16" or not can_pack(torch.bfloat16) or model.config._attn_implementation != "sdpa":
         raise ValueError(
             "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
             f"exact always and float32 is the reference, not {dtype}"
         )
+    exact_attention(model)
     model._prefill_exact_rows = EXACT_ROWS
 
 
