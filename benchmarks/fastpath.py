@@ -108,6 +108,7 @@ def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 1
             f"{ms(lambda: [mk._linear_pointwise(xb, p, None, 'none', [], '') for p in packed])} ms",
             flush=True,
         )
+        print(amx_int8(layer_f32, x32, packed), flush=True)
         head = torch.randn(vocab, hidden, dtype=bf16) * 0.02
         head32 = head.float()
         rows = torch.randn(60, hidden, dtype=bf16)
@@ -126,6 +127,37 @@ def micro(layers: int = 24, hidden: int = 896, inner: int = 4864, vocab: int = 1
             f"{ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None]), 20)} ms",
             flush=True,
         )
+
+
+def amx_int8(layers: list, x: torch.Tensor, packed: list) -> str:
+    """int8 through oneDNN's own int8 product (`onednn.qlinear_pointwise`: AMX int8 where the CPU has it,
+    int32 sums, exact whatever the blocking), with prefill's per-token activations (each row divided by its
+    largest |value|, on a fixed grid, scaled back after): the product alone, then with quantising the rows
+    and scaling the output back, against the packed bf16 layers on the same rows."""
+    rows = x.reshape(-1, x.shape[-1])
+    weights = []
+    for m in layers:
+        w = m.weight.detach()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+        q = torch.round(w / scale[:, None]).to(torch.int8)
+        weights.append((torch.ops.onednn.qlinear_prepack(q, list(rows.shape)), scale, torch.zeros_like(scale).long()))
+
+    def product(qx, w, out_dtype):
+        return torch.ops.onednn.qlinear_pointwise(qx, 1 / 127, 128, *w, None, 1.0, 0, out_dtype, "none", [], "")
+
+    def per_token(w):
+        top = rows.abs().amax(dim=1, keepdim=True)
+        return product((torch.round(rows / top * 127) + 128).to(torch.uint8), w, torch.float32) * top
+
+    top = rows.abs().amax(dim=1, keepdim=True)
+    qx = (torch.round(rows / top * 127) + 128).to(torch.uint8)
+    xb = x.to(torch.bfloat16)
+    return (
+        f"int8 on the matrix units (oneDNN qlinear), {len(layers)} layers on {rows.shape[0]} rows: the product alone "
+        f"{ms(lambda: [product(qx, w, torch.bfloat16) for w in weights])} ms, with per-token quantisation and "
+        f"scaling back {ms(lambda: [per_token(w) for w in weights])} ms; packed bf16 "
+        f"{ms(lambda: [torch.ops.mkldnn._linear_pointwise(xb, p, None, 'none', [], '') for p in packed])} ms"
+    )
 
 
 def chunks(dtypes=("bfloat16", "float32"), sizes=(512, 1024, 2048, 4096)) -> None:
