@@ -302,7 +302,9 @@ def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
 
     make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    assert Prefill(str(tmp_path), dtype="float32", exact=True).backend.model.config._attn_implementation == "sdpa"
+    fp32 = Prefill(str(tmp_path), dtype="float32", exact=True).backend
+    assert fp32.model.config._attn_implementation == "sdpa"
+    assert fp32.description.endswith("(causal LM, one prefill pass, float32)")  # what /v1/models says
     with pytest.raises(ValueError, match="--exact"):
         Prefill(str(tmp_path), dtype="float32", exact=True, backend="vllm")
     with pytest.raises(ValueError, match="--exact"):
@@ -310,8 +312,9 @@ def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="--exact is for bf16"):
         cpu.make_exact(make_model("qwen2", len(tokenizer)), "float16")
     if cpu.has_bf16_units():  # what `--dtype bfloat16 --exact` loads
-        model = Prefill(str(tmp_path), dtype="bfloat16", exact=True).backend.model
-        assert cpu.states_run_alone(model) and model._prefill_exact_rows == cpu.EXACT_ROWS
+        backend = Prefill(str(tmp_path), dtype="bfloat16", exact=True).backend
+        assert cpu.states_run_alone(backend.model) and backend.model._prefill_exact_rows == cpu.EXACT_ROWS
+        assert backend.description.endswith("(causal LM, one prefill pass, bfloat16, --exact)")
 
 
 def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():

@@ -43,6 +43,7 @@ class Backend:
     renderer: Renderer
     max_context: int  # longest state + question + answer the model can position
     precision = "float32"  # what the weights run in: "float32", "bfloat16" or "int8" (set by the factory)
+    exact = False  # bf16 made bit-exact however a question is packed or batched (--exact, cpu.make_exact)
     route = "decoder"
     batches = False
     reads_features = False
@@ -53,7 +54,8 @@ class Backend:
 
     @property
     def description(self) -> str:
-        return f"{self.name} ({self.answers_by})"
+        """What /v1/models and `prefill serve` say it is: the model, how it answers, in what precision."""
+        return f"{self.name} ({self.answers_by}, {self.precision}{', --exact' if self.exact else ''})"
 
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         """Log-likelihood of each answer's whole token sequence given the state and its question."""

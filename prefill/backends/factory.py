@@ -66,8 +66,11 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
     from .causal_lm import CausalLMBackend
 
     hf_model, tokenizer = loading.load(source, dtype)
-    if settings.exact and dtype not in ("float32", "int8"):  # int8 is exact always, fp32 the reference
+    exact = settings.exact and dtype not in ("float32", "int8")  # int8 is exact always, fp32 the reference
+    if exact:
         from .cpu import make_exact
 
         make_exact(hf_model, dtype)
-    return CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **prompt)
+    backend = CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **prompt)
+    backend.exact = exact
+    return backend

@@ -6,6 +6,7 @@ import argparse
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..serving.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_S
@@ -78,13 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args) -> int:
     import uvicorn
 
-    from ..backends.cpu import resolve_dtype
+    from ..backends.cpu import asked_dtype, resolve_dtype
     from ..loading import ModelNotFound, default_note, resolve
 
     dtype = resolve_dtype(settings.dtype)
     try:
         # a wrong path or a missing default model fails now, not in the background
-        check(settings, args, resolve(settings.model, dtype).name)
+        name = resolve(settings.model, dtype).name
+        check(settings, args, name)
     except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
@@ -93,6 +95,12 @@ def run(settings: Settings, args) -> int:
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
     if args.replicas:
         return serve_on_ray(settings, args, keys)
+    where, auto = f"http://{args.host}:{args.port}", asked_dtype(settings.dtype) == "auto"
+    print(
+        f"prefill serve: loading {name} ({dtype}{', as --dtype auto chose for this CPU' if auto else ''}) in the "
+        f"background; {where}/health says when it is ready",
+        file=sys.stderr,
+    )
     uvicorn.run(app(settings, args, keys), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -136,11 +144,18 @@ def engines(settings: Settings, default_model: str | None):
     readout). A readout trained with a LoRA changes the weights: it is served alone."""
     from ..serving.app import Served
 
+    started = time.perf_counter()
     pf = build_prefill(settings, "serve")
     if pf.engine.heads is None:  # (a LoRA readout among others was refused by `check`)
         for name, path in settings.readouts:
             pf.add_readout(path, name)
     default = default_model or (list(pf.engines)[1] if len(pf.engines) > 1 else pf.engine.name)
+    names = ", ".join(pf.engines)
+    print(
+        f"prefill serve: ready in {time.perf_counter() - started:.0f} s: {pf.backend.description}; serving {names}",
+        file=sys.stderr,
+        flush=True,
+    )
     return Served.of(pf.engines, default)
 
 
