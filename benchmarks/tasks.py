@@ -151,21 +151,12 @@ def explicit_condition_reviews(n: int = 2, min_chars: int = 60) -> list[tuple[st
     """The `n` shortest reviews (of at least `min_chars`) of each condition in NAMED_BY that contain its word
     and no other condition's: real messages whose clinic no reader would get wrong. Chosen by that rule alone,
     never by how a model answers them. (text, clinic name) pairs."""
+    rows = [(t, c) for t, c in condition_rows() if len(t) >= min_chars]
     out = []
     for condition, word in NAMED_BY.items():
         others = [w for c, w in NAMED_BY.items() if c != condition]
-        fits = sorted(
-            {
-                t
-                for t, c in condition_rows()
-                if c == condition
-                and len(t) >= min_chars
-                and word in t.lower()
-                and not any(w in t.lower() for w in others)
-            },
-            key=len,
-        )
-        out += [(t, CLINICS[condition][0]) for t in fits[:n]]
+        fits = {t for t, c in rows if c == condition and word in t.lower() and not any(w in t.lower() for w in others)}
+        out += [(t, CLINICS[condition][0]) for t in sorted(fits, key=lambda t: (len(t), t))[:n]]
     return out
 
 
