@@ -302,28 +302,38 @@ ROUTES = {
     "exmh": ("exmh", "exmh, the mail reader for MH"),
     "discussion": ("General discussion", "anything else: technology, science, politics, culture"),
 }
+
+
+def routing_phrasings(routes: dict, with_remits: tuple[str, str], with_names: tuple[str, str]) -> tuple:
+    """A routing asked two ways: (qid, question) with a one-line remit per destination, and with the names
+    only. `routes`: label -> (name, remit)."""
+    return (
+        Phrasing(
+            with_remits[0],
+            {
+                "type": "choice",
+                "instructions": with_remits[1],
+                "criteria": {name: about for name, about in routes.values()},
+            },
+            index_in(routes),
+        ),
+        Phrasing(
+            with_names[0],
+            {"type": "choice", "instructions": with_names[1], "criteria": [name for name, _ in routes.values()]},
+            index_in(routes),
+        ),
+    )
+
+
 ROUTING = Task(
     "lists",
     "routing",
     list_rows,
     (
-        Phrasing(
-            "route",
-            {
-                "type": "choice",
-                "instructions": "Which mailing list should this message go to?",
-                "criteria": {name: about for name, about in ROUTES.values()},
-            },
-            index_in(ROUTES),
-        ),
-        Phrasing(
-            "team",
-            {
-                "type": "choice",
-                "instructions": "Which team should handle this message?",
-                "criteria": [name for name, _ in ROUTES.values()],
-            },
-            index_in(ROUTES),
+        *routing_phrasings(
+            ROUTES,
+            ("route", "Which mailing list should this message go to?"),
+            ("team", "Which team should handle this message?"),
         ),
         Phrasing(
             "filter",
@@ -337,23 +347,10 @@ CONDITIONS = Task(
     "routing",
     condition_rows,
     (
-        Phrasing(
-            "clinic",
-            {
-                "type": "choice",
-                "instructions": "Which clinic should this patient's message be routed to?",
-                "criteria": {name: about for name, about in CLINICS.values()},
-            },
-            index_in(CLINICS),
-        ),
-        Phrasing(
-            "condition",
-            {
-                "type": "choice",
-                "instructions": "What condition is the patient taking this drug for?",
-                "criteria": [name for name, _ in CLINICS.values()],
-            },
-            index_in(CLINICS),
+        *routing_phrasings(
+            CLINICS,
+            ("clinic", "Which clinic should this patient's message be routed to?"),
+            ("condition", "What condition is the patient taking this drug for?"),
         ),
         Phrasing(
             "contraception",
