@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -40,17 +41,25 @@ ASKED = {
 }
 
 
-def write_task(name: str, rows: int, seed: int, folder: Path) -> tuple[Path, Path]:
-    """rows.jsonl ({text, gold}) and questions.json for one task, as many texts of each label."""
+def write_task(name: str, rows: int, seed: int, folder: Path, unlabelled: bool = False) -> tuple[Path, Path]:
+    """rows.jsonl ({text, gold}) and questions.json for one task, as many texts of each label; `unlabelled`:
+    with the task's texts that carry none of its labels mixed in (gold null), as a user's rows would come."""
     task = TASKS[name]
     phrasing = next(p for p in task.phrasings if p.qid == ASKED[name])
     folder.mkdir(parents=True, exist_ok=True)
     data, q = folder / "rows.jsonl", folder / "questions.json"
+    records = []
+    for text, asked in items(task, rows, seed):
+        gold = next(a.gold for a in asked if a.qid == phrasing.qid)
+        records.append({"text": text, "gold": _label(phrasing.question, gold)})
+    if unlabelled:
+        if task.unlabelled is None:
+            raise SystemExit(f"--unlabelled: the task {name} has no unlabelled texts")
+        records += [{"text": text, "gold": None} for text in task.unlabelled()]
+        random.Random(f"{name}:{seed}:unlabelled").shuffle(records)
     with open(data, "w", encoding="utf-8") as f:
-        for text, asked in items(task, rows, seed):
-            gold = next(a.gold for a in asked if a.qid == phrasing.qid)
-            label = _label(phrasing.question, gold)
-            f.write(json.dumps({"text": text, "gold": label}, ensure_ascii=False) + "\n")
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
     from prefill.evaluation.evaluate import parse_questions
 
     wire = parse_questions({phrasing.qid: phrasing.question})[phrasing.qid].model_dump(mode="json")
@@ -75,7 +84,7 @@ def run(args) -> None:
     try:
         for name in args.tasks.split(","):
             folder = Path(args.out) / name
-            data, q = write_task(name, args.rows, args.seed, folder)
+            data, q = write_task(name, args.rows, args.seed, folder, args.unlabelled)
             print(f"distilling {name} ({args.rows} rows) into {folder} ...", file=sys.stderr, flush=True)
             command = [
                 sys.executable,
@@ -180,6 +189,11 @@ def main() -> None:
         help="texts a task, as many of each label (all of a label's where it has fewer)",
     )
     ap.add_argument("--seed", type=int, default=1, help="1: other texts than the suite's (seed 0)")
+    ap.add_argument(
+        "--unlabelled",
+        action="store_true",
+        help="mix in the task's texts that carry none of its labels (conditions: the other conditions' reviews)",
+    )
     ap.add_argument("--teacher-model", default=None, help="a model prefill loads as the teacher")
     ap.add_argument("--llama-server", action="store_true", help="the teacher: llama.cpp's server on the 1.5B GGUF")
     ap.add_argument("--model", default=None, help="the student (prefill's --model)")

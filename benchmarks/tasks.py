@@ -121,6 +121,14 @@ def condition_rows() -> list[tuple[str, str]]:
     ]
 
 
+def other_condition_texts() -> list[str]:
+    """The reviews of every other condition (migraine, panic disorder, emergency contraception, ...): what a
+    clinic's inbox also gets, with no label among the ten."""
+    from .realtext import clean
+
+    return [clean(row["review"].strip('"'), "drugs") for row in drug_reviews() if row["condition"] not in CLINICS]
+
+
 # The ten conditions patients name most often in the Drugs.com file, as the clinic a message would be routed to.
 CLINICS = {
     "Birth Control": ("Contraception", "birth control pills, patches, implants, IUDs"),
@@ -182,6 +190,7 @@ class Task:
     kind: str  # what users ask it as: language, spam, rating, sentiment, facts
     rows: Callable[[], list[tuple[str, object]]]
     phrasings: tuple[Phrasing, ...]
+    unlabelled: Callable[[], list[str]] | None = None  # texts of the same source that carry none of the labels
 
 
 def yes_if(*labels) -> Callable[[object], int]:
@@ -358,6 +367,7 @@ CONDITIONS = Task(
             yes_if("Birth Control"),
         ),
     ),
+    unlabelled=other_condition_texts,
 )
 SENTIMENT = (
     Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1)),
