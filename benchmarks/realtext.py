@@ -224,7 +224,8 @@ def obvious_reviews(task: str, n: int = 3, max_chars: int = 400) -> list[tuple[s
     rows = [(t, lab) for t, lab in read_corpus(task) if len(t) <= max_chars]
     out = []
     for label, mine, theirs in ((1, good, bad), (-1, bad, good)):
-        fits = sorted({t for t, lab in rows if lab == label and words(t) & mine and not words(t) & theirs}, key=len)
+        fits = {t for t, lab in rows if lab == label and words(t) & mine and not words(t) & theirs}
+        fits = sorted(fits, key=lambda t: (len(t), t))  # ties by text: a set's order moves between runs
         out += [(t, label == 1) for t in fits[:n]]
     return out
 
