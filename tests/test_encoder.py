@@ -406,3 +406,24 @@ def test_a_head_trained_on_the_encoder_route_is_served(tmp_path: Path):
         timeout=600,
     )
     assert refused.returncode == 2 and "encoder route" in refused.stderr
+
+
+def test_serve_says_the_precision_the_encoder_route_runs_in(monkeypatch, capsys):
+    """On a CPU without bf16 units auto means int8, which the encoder route does not take (it runs fp32):
+    the start-up line says fp32 for an encoder and int8 for a decoder, before either is loaded, and an
+    explicit --dtype int8 for an encoder is refused at start-up (exit 2), not later as a 503."""
+    import uvicorn
+
+    from prefill.backends import cpu
+    from prefill.commands import main
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("PREFILL_DTYPE", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)  # announce, build the app, serve nothing
+    for model, precision in (("all-minilm-l6-v2", "float32"), ("qwen2.5-coder-0.5b-instruct", "int8")):
+        assert main(["serve", "--model", model, "--calibration", "none"]) == 0
+        line = capsys.readouterr().err.splitlines()[-1]
+        assert f"loading {model} ({precision}, as --dtype auto chose for this CPU)" in line, line
+    assert main(["serve", "--model", "all-minilm-l6-v2", "--dtype", "int8"]) == 2
+    assert "decoder route's CPU path" in capsys.readouterr().err

@@ -10,8 +10,21 @@ from .base import Backend
 def build_backend(settings: Settings, dtype: str) -> Backend:
     """The decoder route on torch (the reference) or vLLM, or the encoder route; `dtype` already resolved
     (backends/cpu.py `resolve_dtype`), since the default model depends on it. Set here, for every backend: its
-    `precision`, what it runs in, which is not `dtype` where auto's int8 does not apply (the encoder route,
-    vLLM), and who the model is (`release_date`, `fingerprint`), read from the model's source."""
+    `precision`, what it runs in (`plan`), and who the model is (`release_date`, `fingerprint`), read from the
+    model's source."""
+    source, encoder, dtype = plan(settings, dtype)
+    if settings.exact and (encoder or settings.backend == "vllm"):
+        raise ValueError("--exact is the decoder route's CPU path on the torch backend")
+    backend = _construct(settings, source, encoder, dtype)
+    backend.precision = dtype
+    backend.release_date, backend.fingerprint = source.release_date, loading.fingerprint(source)
+    return backend
+
+
+def plan(settings: Settings, dtype: str) -> tuple[loading.ModelSource, bool, str]:
+    """What will run, decided before loading (so `prefill serve` can say it at start-up): the model's source,
+    whether it takes the encoder route, and its precision, which is not `dtype` where auto's int8 does not
+    apply (the encoder route, vLLM: int8 was measured on decoders only, so auto falls back to fp32 there)."""
     from .cpu import asked_dtype
 
     source = loading.resolve(settings.model, dtype)
@@ -19,14 +32,9 @@ def build_backend(settings: Settings, dtype: str) -> Backend:
     if dtype == "int8" and (encoder or settings.backend == "vllm"):
         if asked_dtype(settings.dtype) != "auto":
             raise ValueError("--dtype int8 is the decoder route's CPU path on the torch backend")
-        dtype = "float32"  # auto chose int8 for a CPU without bf16 units: measured on decoders only
+        dtype = "float32"
         source = loading.resolve(settings.model, dtype)
-    if settings.exact and (encoder or settings.backend == "vllm"):
-        raise ValueError("--exact is the decoder route's CPU path on the torch backend")
-    backend = _construct(settings, source, encoder, dtype)
-    backend.precision = dtype
-    backend.release_date, backend.fingerprint = source.release_date, loading.fingerprint(source)
-    return backend
+    return source, encoder, dtype
 
 
 def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, dtype: str) -> Backend:

@@ -80,12 +80,15 @@ def run(settings: Settings, args) -> int:
     import uvicorn
 
     from ..backends.cpu import asked_dtype, resolve_dtype
-    from ..loading import ModelNotFound, default_note, resolve
+    from ..backends.factory import plan
+    from ..loading import ModelNotFound, default_note
 
     dtype = resolve_dtype(settings.dtype)
     try:
-        # a wrong path or a missing default model fails now, not in the background
-        name = resolve(settings.model, dtype).name
+        # a wrong path or a missing default model fails now, not in the background; what will run is
+        # decided here (the route may take auto's int8 back to fp32), so the first line says it
+        source, _, precision = plan(settings, dtype)
+        name = source.name
         check(settings, args, name)
     except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)
@@ -97,7 +100,7 @@ def run(settings: Settings, args) -> int:
         return serve_on_ray(settings, args, keys)
     where, auto = f"http://{args.host}:{args.port}", asked_dtype(settings.dtype) == "auto"
     print(
-        f"prefill serve: loading {name} ({dtype}{', as --dtype auto chose for this CPU' if auto else ''}) in the "
+        f"prefill serve: loading {name} ({precision}{', as --dtype auto chose for this CPU' if auto else ''}) in the "
         f"background; {where}/health says when it is ready",
         file=sys.stderr,
     )
