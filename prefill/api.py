@@ -63,7 +63,7 @@ class Prefill:
         heads = None
         if settings.readouts:
             path = settings.readouts[0][1]
-            heads = Heads.load(path, self.backend.fingerprint)
+            heads = Heads.load(path, self.backend.readout_fingerprint)
             if not _can_read(self.backend, heads):
                 raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
         ways = scoring_for(self.backend, settings.scoring)
@@ -89,7 +89,7 @@ class Prefill:
         (`Prefill(readout=...)`)."""
         if not self.backend.reads_features:
             raise ReadoutUnsupported(NO_READOUTS)
-        heads = Heads.load(path, self.backend.fingerprint)
+        heads = Heads.load(path, self.backend.readout_fingerprint)
         if not _can_read(self.backend, heads):
             raise ReadoutUnsupported(f"{path}: an early-exit head or a LoRA adapter needs the decoder route")
         if heads.adapter is not None or self.engine.heads is not None and self.engine.heads.adapter is not None:

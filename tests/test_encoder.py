@@ -381,6 +381,8 @@ def test_a_head_trained_on_the_encoder_route_is_served(tmp_path: Path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert not (out / "early.json").exists()
     pf = Prefill("all-minilm-l6-v2", readout=str(out), calibration=None)
+    assert pf.backend.readout_fingerprint == f"{pf.backend.fingerprint}+sequence-mean"
+    assert json.loads((out / "final.json").read_text())["fingerprint"] == pf.backend.readout_fingerprint
     held = labelled(20, seed=2)
     right = sum(
         (pf.ask(r["state"], Noul(r["questions"]["refund"]["instructions"])).noul > 0.5) == r["gold"]["refund"]

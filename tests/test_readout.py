@@ -108,6 +108,8 @@ def test_files_are_tied_to_the_model_and_listed(tmp_path, tiny_model, tokenizer)
     assert all(torch.equal(a, b) for a, b in zip(r.state_dict().values(), loaded.final.state_dict().values()))
     with pytest.raises(ValueError, match="trained on model"):
         Heads.load(tmp_path, "other")
+    with pytest.raises(ValueError, match="other features .*train it again"):  # same weights, other features
+        Heads.load(tmp_path, "abc+sequence-mean")
     engine = Engine(make_backend(tiny_model, tokenizer), heads=loaded)
     client = TestClient(create_app(engine))
     names = [m["name"] for m in client.get("/v1/models").json()["models"]]

@@ -39,7 +39,10 @@ class Backend:
     answers_by = "one prefill pass"  # how it answers, for its description
     # Who the model is, set by the factory from the model's source (a backend built by hand has neither):
     release_date = ""  # YYYY-MM-DD, for GET /v1/models
-    fingerprint = ""  # identifies the weights: calibrations and readouts are tied to it
+    fingerprint = ""  # identifies the weights: calibrations are tied to it, readouts to `readout_fingerprint`
+    # what a trained head reads, where the weights alone do not say it (a readout trained on other features of
+    # the same weights is refused); "" on the decoder route
+    readout_features = ""
     renderer: Renderer
     max_context: int  # longest state + question + answer the model can position
     precision = "float32"  # what the weights run in: "float32", "bfloat16" or "int8" (set by the factory)
@@ -51,6 +54,11 @@ class Backend:
     merges_adapters = False
     truncates = False
     generates = False
+
+    @property
+    def readout_fingerprint(self) -> str:
+        """What trained readouts are tied to: the weights, and the features the heads read from them."""
+        return f"{self.fingerprint}+{self.readout_features}" if self.readout_features else self.fingerprint
 
     @property
     def description(self) -> str:

@@ -14,6 +14,11 @@ stand for [CLS]/[SEP]); a model with no mask token gets its unknown token as the
 fixed token that text does not produce. No sentence-embedding model was trained to fill such slots, so
 the training-free score is weak (at chance on the tasks measured); trained heads learn what it means.
 
+What trained heads read as the question's decision state (`features`): the mean over its whole sequence
+(question, options and text), not over the question's span. Measured on the ten-clinic routing of patients'
+reviews (README "Distillation"): a head learns the teacher's routing far better from it, since the
+question's own tokens say little about the text below them.
+
 What the route guarantees, and how:
 - questions never see each other: each question is its own sequence (sequences are batched with padding
   that the attention mask hides);
@@ -111,6 +116,10 @@ class EncoderBackend(Backend):
     """Scores each declared option of a question by its [MASK] slot (see the module docstring)."""
 
     route = "encoder"
+    # What trained heads read as a question's decision state: "sequence", the mean over its whole sequence, or
+    # "question", over the question's span (what heads read before 2026-12-02; kept for the comparison in
+    # benchmarks/pooling.py, which chose "sequence").
+    pooling = "sequence"
     answers_by = "encoder, a [MASK] slot per option"
     reads_features = truncates = True
 
@@ -146,6 +155,10 @@ class EncoderBackend(Backend):
     @property
     def depth(self) -> int:
         return self.model.config.num_hidden_layers
+
+    @property
+    def readout_features(self) -> str:  # in the readout fingerprint; "" for the question span, as heads had it
+        return "sequence-mean" if self.pooling == "sequence" else ""
 
     # -- layout
     def layout(self, n_state: int, q: Branches) -> list[tuple[list[int], int]]:
@@ -183,7 +196,7 @@ class EncoderBackend(Backend):
     @torch.inference_mode()
     def features(self, state: Sequence[int], questions: Sequence[Branches], layers: Sequence[int]) -> list[Features]:
         """Per question: the training-free slot scores (as `loglik`), and for trained heads the hidden states
-        after the given layers (1-based) of the pooled question span (`decision`; from the question's first
+        after the given layers (1-based) pooled over the question's whole sequence (`decision`; its first
         sequence when its options are split) and of each option's slot (`options`)."""
         rows = []  # (question, its option indices, token ids, slot positions, question span)
         for qi, q in enumerate(questions):
@@ -202,14 +215,15 @@ class EncoderBackend(Backend):
         for start in range(0, len(rows), self.batch_size):
             batch = rows[start : start + self.batch_size]
             last, chosen = self._encode([ids for _, _, ids, _, _ in batch], layers)
-            for b, (qi, options, _, slots, span) in enumerate(batch):
+            for b, (qi, options, ids, slots, span) in enumerate(batch):
                 question = last[b, span].mean(0)
                 for i, pos in zip(options, slots):
                     scores[qi][i] = float(question @ last[b, pos]) / math.sqrt(last.shape[-1])
                     if layers:
                         slots_at[qi][i] = chosen[b, pos]
                 if layers and decision[qi] is None:
-                    decision[qi] = chosen[b, span].mean(0)
+                    pooled = slice(0, len(ids)) if self.pooling == "sequence" else span
+                    decision[qi] = chosen[b, pooled].mean(0)
         if not layers:
             return [Features(s, torch.empty(0), torch.empty(0)) for s in scores]
         return [Features(s, decision[qi], torch.stack(slots_at[qi])) for qi, s in enumerate(scores)]

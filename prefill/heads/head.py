@@ -4,7 +4,8 @@ Four kinds, all reading the packed pass's hidden states (backends.causal_lm.Feat
 isolation and every invariance of the training-free path hold for them too:
 
 - linear:  s_o = w · norm(h_o)                           (h_o: the hidden state at answer o's end token)
-- pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts)
+- pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts;
+                                                          on the encoder route the question's sequence pooled)
 - mlp:     s_o = w₂ · gelu(W₁ norm(h_o) + b₁)             (a small MLP, r hidden units; README "Trained on one task")
 - classes: s_o = w_o · norm(h_dec) + b_o                 (a weight vector per answer it was taught, by type and
                                                           name; an answer it was not taught scores 0, as an
@@ -148,6 +149,12 @@ class Head(nn.Module):
         path = Path(path)
         cfg = HeadConfig(**json.loads(path.with_suffix(".json").read_text()))
         if fingerprint is not None and cfg.fingerprint != fingerprint:
+            (weights, _, reads), (served, _, gives) = cfg.fingerprint.partition("+"), fingerprint.partition("+")
+            if weights == served:  # the same weights, other features (the encoder route's pooling changed)
+                raise ValueError(
+                    f"{path} was trained on {cfg.model!r} reading other features than this prefill gives its heads "
+                    f"({reads or 'an earlier version'}, now {gives or 'an earlier version'}): train it again"
+                )
             raise ValueError(
                 f"{path} was trained on model {cfg.model!r} ({cfg.fingerprint[:16]}), "
                 f"not on the model being served ({fingerprint[:16]})"

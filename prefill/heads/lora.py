@@ -269,7 +269,7 @@ def train_adapter(
         label_weight=label_weight,
         rl_weight=rl_weight,
         model=model,
-        fingerprint=backend.fingerprint,
+        fingerprint=backend.readout_fingerprint,
     )
     peft_model.save_pretrained(out / "lora")
     final.save(out / "final.json")
@@ -284,7 +284,7 @@ def train_adapter(
             early,
             0,
             model=model,
-            fingerprint=backend.fingerprint,
+            fingerprint=backend.readout_fingerprint,
             rl_weight=rl_weight,
             label_weight=label_weight,
         )

@@ -207,7 +207,7 @@ def train_heads(
         layers,
         kind=kind,
         model=model,
-        fingerprint=backend.fingerprint,
+        fingerprint=backend.readout_fingerprint,
         rl_weight=rl_weight,
         label_weight=label_weight if teacher else 1.0,
         progress=True,
