@@ -595,10 +595,10 @@ def report(out: Path, default: str | None = None, write_calibration: str | None 
     detail the prompt and scoring prefill serves by default instead of this run's choice (and only then
     write a calibration, so that the shipped file fits what is served)."""
     from prefill.api import setup
-    from prefill.scoring import CORRECTIONS, READOUTS, Scoring
+    from prefill.scoring import CORRECTIONS, TOKEN_RULES, Scoring
 
     meta, by_fmt = load_rows(out)
-    ways = [Scoring(r, c) for r, c in itertools.product(READOUTS, CORRECTIONS)]
+    ways = [Scoring(r, c) for r, c in itertools.product(TOKEN_RULES, CORRECTIONS)]
     result: dict = {"model": meta["model"], "formats": {}}
     print(f"\n## {meta['model']}: {meta['items']} texts a task (seed {meta['seed']})\n")
     for fmt, rows in by_fmt.items():
