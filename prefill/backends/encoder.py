@@ -117,7 +117,7 @@ class EncoderBackend(Backend):
 
     route = "encoder"
     # What trained heads read as a question's decision state: "sequence", the mean over its whole sequence, or
-    # "question", over the question's span (what heads read before 2026-12-02; kept for the comparison in
+    # "question", over the question's span (what heads read before 2026-12-03; kept for the comparison in
     # benchmarks/pooling.py, which chose "sequence").
     pooling = "sequence"
     answers_by = "encoder, a [MASK] slot per option"
