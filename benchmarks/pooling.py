@@ -41,7 +41,7 @@ YES_NO = {
 
 
 def balanced(rows: list[tuple[str, object]], per_label: int, seed: str) -> list[tuple[str, object]]:
-    """`per_label` rows of each label (all of a smaller one), drawn with a fixed seed, labels sorted."""
+    """`per_label` rows of each label, drawn with a fixed seed, labels in sorted order."""
     rng = random.Random(seed)
     labels = sorted({label for _, label in rows}, key=str)
     return [r for label in labels for r in rng.sample([r for r in rows if r[1] == label], per_label)]
