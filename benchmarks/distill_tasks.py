@@ -16,6 +16,9 @@ student a fast one; then the held-out reports side by side.
     # shared the CPU with something else)
     python -m benchmarks.distill_tasks --time-teacher 8 --teacher-model qwen2.5-coder-1.5b-instruct \
         --tasks language,emails --out out/distill-15b
+    # ... and the student a run trained, on the same rows in turn: the speed-up as a ratio within one run
+    python -m benchmarks.distill_tasks --time-teacher 40 --teacher-model qwen2.5-coder-1.5b-instruct \
+        --model embeddinggemma-300m --tasks conditions --out out/distill-cond
 """
 
 from __future__ import annotations
@@ -153,7 +156,10 @@ def report(outs: list[Path]) -> None:
 def time_teacher(args) -> None:
     """The call `prefill distill` makes of a teacher prefill loads (Engine.probabilities on the row's state and
     the task's question), timed on the first `--time-teacher` rows of each task's rows.jsonl, after one
-    warm-up row."""
+    warm-up row. With `--model`, the student the run trained (the task folder's readout) is timed on the same
+    rows, row by row in turn with the teacher, so the speed-up is a ratio within one run: a run's own columns
+    compare the student's pass with the teacher's journal, written minutes or hours earlier on a machine whose
+    speed moves between hours (README "Distillation")."""
     import statistics
     import time
 
@@ -161,22 +167,34 @@ def time_teacher(args) -> None:
     from prefill.batch import load_questions
     from prefill.heads import distill
 
-    engine = Prefill(model=args.teacher_model, dtype=args.dtype).engine
+    teacher = Prefill(model=args.teacher_model, dtype=args.dtype).engine
     for task in args.tasks.split(","):
         folder = Path(args.out) / task
         questions = load_questions(json.loads((folder / "questions.json").read_text()))
         rows, _ = distill.read_distill_rows(folder / "rows.jsonl", questions, "text", "gold")
-        engine.probabilities(rows[-1].state, questions)
-        seconds = []
+        engines = {"teacher": teacher}
+        if args.model:
+            engines["student"] = Prefill(model=args.model, readout=folder, dtype=args.dtype).engine
+        seconds: dict[str, list[float]] = {who: [] for who in engines}
+        for engine in engines.values():  # warm-up
+            engine.probabilities(rows[-1].state, questions)
         for row in rows[: args.time_teacher]:
-            started = time.perf_counter()
-            engine.probabilities(row.state, questions)
-            seconds.append(time.perf_counter() - started)
-            print(f"{task}: row {row.index}: {seconds[-1]:.2f} s", file=sys.stderr)
-        print(
-            f"{task}: the teacher alone, {statistics.mean(seconds):.2f} s a row on average "
-            f"(median {statistics.median(seconds):.2f}) over {len(seconds)} rows"
-        )
+            for who, engine in engines.items():
+                started = time.perf_counter()
+                engine.probabilities(row.state, questions)
+                seconds[who].append(time.perf_counter() - started)
+            print(
+                f"{task}: row {row.index}: " + ", ".join(f"{w} {s[-1]:.3f} s" for w, s in seconds.items()),
+                file=sys.stderr,
+            )
+        for who, s in seconds.items():
+            print(
+                f"{task}: the {who} alone, {statistics.mean(s):.3f} s a row on average "
+                f"(median {statistics.median(s):.3f}) over {len(s)} rows"
+            )
+        if "student" in seconds:
+            ratio = statistics.mean(seconds["teacher"]) / statistics.mean(seconds["student"])
+            print(f"{task}: the student {ratio:.1f}x the teacher's speed, the same rows in turn")
 
 
 def main() -> None:
@@ -201,7 +219,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the table of saved runs")
-    ap.add_argument("--time-teacher", type=int, default=0, help="only time the teacher alone on this many rows")
+    ap.add_argument(
+        "--time-teacher",
+        type=int,
+        default=0,
+        help="only time the teacher alone on this many rows (with --model: the student too, in turn)",
+    )
     args = ap.parse_args()
     if args.report:
         report([Path(p) for p in args.report])

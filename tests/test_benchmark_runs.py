@@ -27,3 +27,21 @@ def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
     compared = realtext("--compare", str(tmp_path / "float32"), str(tmp_path / "bfloat16"))
     assert compared.returncode == 0, compared.stderr[-3000:]
     assert "| mean | all |" in compared.stdout
+
+
+def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path, tokenizer):
+    """benchmarks.distill_tasks as the README runs it (a tiny teacher loaded here, a tiny student with a head),
+    then `--time-teacher N --model STUDENT`: both timed on the same rows in one process, with the ratio."""
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    common = ["--teacher-model", str(model), "--tasks", "fr_reviews", "--out", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "benchmarks.distill_tasks", *common]
+    run = subprocess.run([*cmd, "--rows", "10", "--model", str(model)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "run" / "fr_reviews" / "final.json").exists()
+    timed = subprocess.run([*cmd, "--time-teacher", "3", "--model", str(model)], capture_output=True, text=True)
+    assert timed.returncode == 0, timed.stderr[-3000:]
+    for line in ("fr_reviews: the teacher alone", "fr_reviews: the student alone", "x the teacher's speed"):
+        assert line in timed.stdout, timed.stdout
+    assert timed.stderr.count("fr_reviews: row ") == 3 and "student " in timed.stderr
