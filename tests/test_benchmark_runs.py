@@ -40,7 +40,9 @@ def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path,
     run = subprocess.run([*cmd, "--rows", "10", "--model", str(model)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "run" / "fr_reviews" / "final.json").exists()
-    timed = subprocess.run([*cmd, "--time-teacher", "3", "--model", str(model)], capture_output=True, text=True)
+    timed = subprocess.run(
+        [*cmd, "--time-teacher", "3", "--model", str(model)], capture_output=True, text=True, timeout=600
+    )
     assert timed.returncode == 0, timed.stderr[-3000:]
     for line in ("fr_reviews: the teacher alone", "fr_reviews: the student alone", "x the teacher's speed"):
         assert line in timed.stdout, timed.stdout

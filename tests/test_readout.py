@@ -238,6 +238,27 @@ def test_auto_kind_leaves_the_linear_head_where_the_answer_depends_on_the_text()
     assert held_out_right(final, val) >= 14  # of 16 held-out texts
 
 
+def test_a_classes_head_is_solved_to_the_optimum_of_its_penalised_loss():
+    """A classes head is a convex problem (softmax regression plus alpha times the log-likelihood), so it is
+    solved, not trained for a number of epochs: at the returned head the penalised loss has no gradient left,
+    on soft targets as distillation gives them, and its penalty comes from the classes grid."""
+    examples = language_like(80, options_informative=False)
+    for e in examples:  # a teacher's soft distribution, its top answer the gold one
+        e.teacher = torch.softmax(torch.randn(8) + 3.0 * torch.nn.functional.one_hot(torch.tensor(e.gold), 8), 0)
+    cfg = HeadConfig(kind="classes", layer=1, hidden=32, use_base=True, model="m", fingerprint="")
+    head, log = fitting.train_head(examples[:64], cfg, 0, label_weight=0.0, weight_decay=1e-2)
+    b = fitting.batch(examples[:64], 0, 0.0)
+    head.train()
+    loss = fitting.objective(head(b.qtype, b.decision, b.options, b.loglik, b.answers), b)
+    (loss + 1e-2 * (head.table**2).sum()).backward()
+    largest = max(float(p.grad.abs().max()) for p in head.parameters() if p.grad is not None)
+    assert largest < 1e-4 and log["epochs_kept"] > 1
+    assert held_out_right(head.eval(), examples[64:]) >= 14
+    final, report = fit(examples[:64], "classes")
+    assert report["weight_decay"] in fitting.CLASSES_PENALTIES
+    assert {r["weight_decay"] for r in report["grid"]} == set(fitting.CLASSES_PENALTIES)
+
+
 def test_classes_head_knows_answers_by_name():
     """Where the answers' own states say nothing about them (only the question's state tells), the pointer
     cannot learn and a weight vector per answer taught can; auto takes it. It reads answers by name: options

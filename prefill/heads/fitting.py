@@ -141,9 +141,12 @@ def train_head(
     """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
     log loss (against the gold label) is kept, and training stops `patience` epochs after it. Weight decay
     pulls the head towards zero, that is towards the training-free answer (α, the weight of the
-    log-likelihood, is not decayed)."""
+    log-likelihood, is not decayed). A classes head (without the RLCD term) is a convex problem and is
+    solved instead (`_solve_classes`)."""
     torch.manual_seed(seed)
     head = Head(replace(cfg, answers=taught(examples)) if cfg.kind == "classes" else cfg)
+    if cfg.kind == "classes" and not rl_weight:
+        return _solve_classes(head, examples, layer, label_weight, weight_decay, validation)
     weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
     groups = [{"params": weights, "weight_decay": weight_decay}]
     if cfg.use_base:
@@ -173,6 +176,46 @@ def train_head(
 
 
 WEIGHT_DECAYS = (0.01, 0.1, 1.0, 10.0, 100.0)
+# A classes head's L2 penalties (on the mean loss; `_solve_classes`), chosen on held-out data like the above.
+CLASSES_PENALTIES = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1)
+
+
+def _solve_classes(
+    head: Head,
+    examples: Sequence[Example],
+    layer: int,
+    label_weight: float,
+    penalty: float,
+    validation: Sequence[Example],
+    max_iter: int = 500,
+) -> tuple[Head, dict]:
+    """A classes head is a softmax regression on the (normalised) decision state, plus α · the training-free
+    score: its loss with an L2 penalty on the weight vectors is convex, so L-BFGS solves it to the optimum,
+    where AdamW with decoupled decay and early stopping stopped short of it. Measured on the distillation
+    tasks' teacher journals (README "The classes head solved, not trained"; students trained anew on the
+    same rows): the held-out log loss against the teacher fell on all three tasks with a classes head, and
+    the agreement with it rose on both routing sets (0.779 -> 0.818, 0.760 -> 0.771) and held on language."""
+    b = batch(examples, layer, label_weight)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_change=1e-9, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = objective(head(b.qtype, b.decision, b.options, b.loglik, b.answers), b)
+        loss = loss + penalty * (head.table**2).sum()  # the weight vectors; the bias and α go free
+        loss.backward()
+        return loss
+
+    head.train()
+    opt.step(closure)
+    head.eval()
+    iterations = opt.state[params[0]].get("n_iter", max_iter)
+    log = {"epochs_kept": iterations, "validation_log_loss": math.inf}
+    if validation:
+        v = batch(validation, layer, 1.0)
+        with torch.no_grad():
+            log["validation_log_loss"] = float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
+    return head, log
 
 
 def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[str, list[tuple[list, list]]]:
@@ -206,6 +249,8 @@ def choose(
 ) -> tuple[dict, list]:
     """Weight decay and epochs chosen on held-out data (`folds_of`). Also returns the chosen setting's
     out-of-fold (probabilities, example) pairs: every example scored by a head that did not train on it."""
+    if cfg.kind == "classes" and not rl_weight and grid is WEIGHT_DECAYS:
+        grid = CLASSES_PENALTIES
     how, folds = folds_of(examples)
     folds = [(fit, val) for fit, val in folds if fit and val]
     if not folds:
