@@ -145,7 +145,7 @@ def train_head(
     solved instead (`_solve_classes`)."""
     torch.manual_seed(seed)
     head = Head(replace(cfg, answers=taught(examples)) if cfg.kind == "classes" else cfg)
-    if cfg.kind == "classes" and not rl_weight:
+    if solved(cfg, rl_weight):
         return _solve_classes(head, examples, layer, label_weight, weight_decay, validation)
     weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
     groups = [{"params": weights, "weight_decay": weight_decay}]
@@ -164,8 +164,7 @@ def train_head(
         opt.step()
         if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
             head.eval()
-            with torch.no_grad():
-                vloss = float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
+            vloss = _validation_loss(head, v)
             if vloss < best[0]:
                 best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
             elif epoch + 1 - best[2] >= patience:
@@ -210,12 +209,19 @@ def _solve_classes(
     opt.step(closure)
     head.eval()
     iterations = opt.state[params[0]].get("n_iter", max_iter)
-    log = {"epochs_kept": iterations, "validation_log_loss": math.inf}
-    if validation:
-        v = batch(validation, layer, 1.0)
-        with torch.no_grad():
-            log["validation_log_loss"] = float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
-    return head, log
+    loss = _validation_loss(head, batch(validation, layer, 1.0)) if validation else math.inf
+    return head, {"epochs_kept": iterations, "validation_log_loss": loss}
+
+
+def solved(cfg: HeadConfig, rl_weight: float) -> bool:
+    """Whether the head is solved (`_solve_classes`) rather than trained: a classes head without the RLCD term."""
+    return cfg.kind == "classes" and not rl_weight
+
+
+def _validation_loss(head: Head, v) -> float:
+    """The head's log loss on a validation batch (against the gold label)."""
+    with torch.no_grad():
+        return float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
 
 
 def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[str, list[tuple[list, list]]]:
@@ -244,13 +250,13 @@ def choose(
     *,
     rl_weight: float,
     label_weight: float,
-    grid: Sequence[float] = WEIGHT_DECAYS,
+    grid: Sequence[float] | None = None,
     progress: str | None = None,
 ) -> tuple[dict, list]:
     """Weight decay and epochs chosen on held-out data (`folds_of`). Also returns the chosen setting's
-    out-of-fold (probabilities, example) pairs: every example scored by a head that did not train on it."""
-    if cfg.kind == "classes" and not rl_weight and grid is WEIGHT_DECAYS:
-        grid = CLASSES_PENALTIES
+    out-of-fold (probabilities, example) pairs: every example scored by a head that did not train on it.
+    The grid: `CLASSES_PENALTIES` for a solved head, `WEIGHT_DECAYS` for a trained one, unless given."""
+    grid = grid or (CLASSES_PENALTIES if solved(cfg, rl_weight) else WEIGHT_DECAYS)
     how, folds = folds_of(examples)
     folds = [(fit, val) for fit, val in folds if fit and val]
     if not folds:
