@@ -259,6 +259,29 @@ def test_a_classes_head_is_solved_to_the_optimum_of_its_penalised_loss():
     assert {r["weight_decay"] for r in report["grid"]} == set(fitting.CLASSES_PENALTIES)
 
 
+def test_model_selection_reads_every_fold_at_the_epochs_the_final_head_trains_for():
+    """The held-out loss that picks the weight decay, the epochs and (`--kind auto`) the kind is read with
+    every fold's head trained for the same chosen epochs, the ones the final head trains for. Stopping each
+    fold at its own best epoch read a minimum chosen on the very rows it was measured on: an optimistic loss,
+    which auto compared with a solved classes head's honest one. Labels partly wrong, so folds overfit."""
+    examples = language_like(64, options_informative=True)
+    flip = torch.Generator().manual_seed(1)
+    for e in examples[::3]:
+        e.gold = int(torch.randint(8, (1,), generator=flip))
+    cfg = HeadConfig(kind="pointer", layer=1, hidden=32, use_base=True, model="m", fingerprint="")
+    chosen, out_of_fold = fitting.choose(examples, cfg, 0, rl_weight=0.0, label_weight=1.0)
+    assert chosen["epochs"] < 400  # stopped early: there was a best epoch to choose
+    by_example = {id(e): p for p, e in out_of_fold}
+    for rows, held in fitting.folds_of(examples)[1]:
+        alone, _ = fitting.train_head(
+            rows, cfg, 0, label_weight=1.0, weight_decay=chosen["weight_decay"], epochs=chosen["epochs"]
+        )
+        for p, e in zip(fitting.predict(alone, held, 0), held):
+            assert max(abs(a - b) for a, b in zip(p, by_example[id(e)])) < 1e-5
+    loss = -sum(math.log(p[e.gold]) for p, e in out_of_fold) / len(out_of_fold)
+    assert loss == pytest.approx(chosen["held_out_log_loss"], abs=1e-3)
+
+
 def test_classes_head_knows_answers_by_name():
     """Where the answers' own states say nothing about them (only the question's state tells), the pointer
     cannot learn and a weight vector per answer taught can; auto takes it. It reads answers by name: options

@@ -130,53 +130,100 @@ def train_head(
     rl_weight: float = 0.0,
     label_weight: float = 0.5,
     epochs: int = 400,
-    lr: float = 1e-2,
     weight_decay: float = 0.1,
+    seed: int = 0,
+) -> tuple[Head, dict]:
+    """Full-batch AdamW on the cached features for `epochs` epochs (`choose` picks them). Weight decay pulls
+    the head towards zero, that is towards the training-free answer (α, the weight of the log-likelihood, is
+    not decayed). A classes head (without the RLCD term) is a convex problem and is solved instead
+    (`_solve_classes`)."""
+    if solved(cfg, rl_weight):
+        return _solve_classes(_new_head(examples, cfg, seed), examples, layer, label_weight, weight_decay, ())
+    head, step = _trainer(examples, cfg, layer, rl_weight, label_weight, weight_decay, seed)
+    for _ in range(epochs):
+        step()
+    return head.eval(), {"epochs_kept": epochs}
+
+
+def _trainer(
+    examples: Sequence[Example],
+    cfg: HeadConfig,
+    layer: int,
+    rl_weight: float,
+    label_weight: float,
+    weight_decay: float,
+    seed: int,
+    lr: float = 1e-2,
     group: int = 8,
     sigma: float = 1.0,
-    seed: int = 0,
-    validation: Sequence[Example] = (),
-    patience: int = 50,
-) -> tuple[Head, dict]:
-    """Full-batch AdamW on the cached features; with `validation`, the epoch with the lowest validation
-    log loss (against the gold label) is kept, and training stops `patience` epochs after it. Weight decay
-    pulls the head towards zero, that is towards the training-free answer (α, the weight of the
-    log-likelihood, is not decayed). A classes head (without the RLCD term) is a convex problem and is
-    solved instead (`_solve_classes`)."""
-    torch.manual_seed(seed)
-    head = Head(replace(cfg, answers=taught(examples)) if cfg.kind == "classes" else cfg)
-    if solved(cfg, rl_weight):
-        return _solve_classes(head, examples, layer, label_weight, weight_decay, validation)
+):
+    """A fresh head and a function that trains it one full-batch AdamW epoch."""
+    head = _new_head(examples, cfg, seed)
     weights = [p for n, p in head.named_parameters() if p.requires_grad and n != "alpha"]
     groups = [{"params": weights, "weight_decay": weight_decay}]
     if cfg.use_base:
         groups.append({"params": [head.alpha], "weight_decay": 0.0})
     opt = torch.optim.AdamW(groups, lr=lr)
     b = batch(examples, layer, label_weight)
-    v = batch(validation, layer, 1.0) if validation else None
-    best = (math.inf, None, -1)
-    for epoch in range(epochs):
+
+    def step() -> None:
         head.train()
-        s = head(b.qtype, b.decision, b.options, b.loglik, b.answers)
-        loss = objective(s, b, rl_weight, group, sigma)
+        loss = objective(head(b.qtype, b.decision, b.options, b.loglik, b.answers), b, rl_weight, group, sigma)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if v is not None and (epoch % 5 == 4 or epoch == epochs - 1):
-            head.eval()
-            vloss = _validation_loss(head, v)
-            if vloss < best[0]:
-                best = (vloss, {k: t.clone() for k, t in head.state_dict().items()}, epoch + 1)
-            elif epoch + 1 - best[2] >= patience:
-                break
-    if best[1] is not None:
-        head.load_state_dict(best[1])
-    return head.eval(), {"epochs_kept": best[2] if best[1] is not None else epochs, "validation_log_loss": best[0]}
+
+    return head, step
 
 
-WEIGHT_DECAYS = (0.01, 0.1, 1.0, 10.0, 100.0)
-# A classes head's L2 penalties (on the mean loss; `_solve_classes`), chosen on held-out data like the above.
-CLASSES_PENALTIES = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1)
+def _new_head(examples: Sequence[Example], cfg: HeadConfig, seed: int) -> Head:
+    """The same initial head for the same seed; a classes head gets the answers `examples` teach."""
+    torch.manual_seed(seed)
+    return Head(replace(cfg, answers=taught(examples)) if cfg.kind == "classes" else cfg)
+
+
+def _fit_folds(
+    folds: Sequence[tuple[list, list]],
+    cfg: HeadConfig,
+    layer: int,
+    *,
+    rl_weight: float,
+    label_weight: float,
+    weight_decay: float,
+    epochs: int = 400,
+    patience: int = 50,
+    check: int = 5,
+) -> tuple[list[Head], float, int]:
+    """One head a fold, trained side by side and stopped together: the epochs kept are the ones with the
+    lowest held-out log loss over all folds (checked every `check` epochs; training stops `patience` epochs
+    after it), one number for every fold, as the final head is trained for. Stopping each fold at its own
+    best epoch would read the loss at a minimum chosen on the very rows it measures: an optimistic held-out
+    loss, which `--kind auto` would compare with a solved classes head's honest one (measured: README
+    "Every fold read at the same epochs"). A solved head: each fold's solved, the held-out loss over all."""
+    held = sum(len(val) for _, val in folds)
+    if solved(cfg, rl_weight):
+        solved_runs = [_solve_classes(_new_head(f, cfg, 0), f, layer, label_weight, weight_decay, v) for f, v in folds]
+        loss = sum(log["validation_log_loss"] * len(v) for (_, log), (_, v) in zip(solved_runs, folds)) / held
+        iterations = round(sum(log["epochs_kept"] for _, log in solved_runs) / len(folds))
+        return [head for head, _ in solved_runs], loss, iterations
+    runs = [_trainer(fit, cfg, layer, rl_weight, label_weight, weight_decay, seed=0) for fit, _ in folds]
+    vals = [(batch(val, layer, 1.0), len(val)) for _, val in folds]
+    best = (math.inf, None, 0)
+    for epoch in range(1, epochs + 1):
+        for _, step in runs:
+            step()
+        if epoch % check and epoch != epochs:
+            continue
+        loss = sum(_validation_loss(head.eval(), v) * n for (head, _), (v, n) in zip(runs, vals)) / held
+        if loss < best[0]:
+            best = (loss, [{k: t.clone() for k, t in head.state_dict().items()} for head, _ in runs], epoch)
+        elif epoch - best[2] >= patience:
+            break
+    if best[1] is None:  # no finite loss at any check: the heads as trained
+        return [head.eval() for head, _ in runs], best[0], epochs
+    for (head, _), state in zip(runs, best[1]):
+        head.load_state_dict(state)
+    return [head.eval() for head, _ in runs], best[0], best[2]
 
 
 def _solve_classes(
@@ -243,6 +290,11 @@ def folds_of(examples: Sequence[Example], k: int = 5, seed: int = 0) -> tuple[st
     ]
 
 
+WEIGHT_DECAYS = (0.01, 0.1, 1.0, 10.0, 100.0)
+# A classes head's L2 penalties (on the mean loss; `_solve_classes`), chosen on held-out data like the above.
+CLASSES_PENALTIES = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1)
+
+
 def choose(
     examples: Sequence[Example],
     cfg: HeadConfig,
@@ -270,22 +322,12 @@ def choose(
         disable=progress is None,
     )
     for wd in grid:
-        runs = []
-        for fit, val in folds:
-            runs.append(
-                train_head(
-                    fit, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd, validation=val
-                )
-            )
-            bar.update()
-        logs = [log for _, log in runs]
-        held = sum(len(val) for _, val in folds)
-        loss = sum(lg["validation_log_loss"] * len(val) for lg, (_, val) in zip(logs, folds)) / held
-        epochs = round(sum(lg["epochs_kept"] for lg in logs) / len(logs))
+        heads, loss, epochs = _fit_folds(
+            folds, cfg, layer, rl_weight=rl_weight, label_weight=label_weight, weight_decay=wd
+        )
+        bar.update(len(folds))
         results.append({"weight_decay": wd, "epochs": epochs, "held_out_log_loss": round(loss, 4)})
-        out_of_fold[wd] = [
-            pair for (head, _), (_, val) in zip(runs, folds) for pair in zip(predict(head, val, layer), val)
-        ]
+        out_of_fold[wd] = [pair for head, (_, val) in zip(heads, folds) for pair in zip(predict(head, val, layer), val)]
     bar.close()
     best = min(results, key=lambda r: r["held_out_log_loss"])
     return best | {"held_out": how, "grid": results}, out_of_fold[best["weight_decay"]]
