@@ -282,6 +282,25 @@ def test_model_selection_reads_every_fold_at_the_epochs_the_final_head_trains_fo
     assert loss == pytest.approx(chosen["held_out_log_loss"], abs=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["pointer", "classes"])
+def test_distilled_heads_are_chosen_against_the_teachers_distribution(kind):
+    """Distillation trains on the teacher's distribution alone (label weight 0; the examples' "gold" is only
+    its top answer), so model selection scores the held-out questions against that distribution, for a
+    trained head and a solved one alike: what auto compares is what the head learns. With gold labels in
+    the mix, against the gold label (the test above)."""
+    examples = language_like(64, options_informative=True)
+    noise = torch.Generator().manual_seed(2)
+    for e in examples:
+        e.teacher = torch.softmax(1.5 * torch.randn(8, generator=noise) + 2.0 * torch.eye(8)[e.gold], 0)
+        e.gold = int(e.teacher.argmax())
+    cfg = HeadConfig(kind=kind, layer=1, hidden=32, use_base=True, model="m", fingerprint="")
+    chosen, out_of_fold = fitting.choose(examples, cfg, 0, rl_weight=0.0, label_weight=0.0)
+    soft = -sum(float((e.teacher * torch.tensor(p).log()).sum()) for p, e in out_of_fold) / len(out_of_fold)
+    top = -sum(math.log(p[e.gold]) for p, e in out_of_fold) / len(out_of_fold)
+    assert chosen["held_out_log_loss"] == pytest.approx(soft, abs=1e-3)
+    assert abs(soft - top) > 0.05  # the two targets tell apart here
+
+
 def test_classes_head_knows_answers_by_name():
     """Where the answers' own states say nothing about them (only the question's state tells), the pointer
     cannot learn and a weight vector per answer taught can; auto takes it. It reads answers by name: options

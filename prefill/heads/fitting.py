@@ -207,7 +207,7 @@ def _fit_folds(
         iterations = round(sum(log["epochs_kept"] for _, log in solved_runs) / len(folds))
         return [head for head, _ in solved_runs], loss, iterations
     runs = [_trainer(fit, cfg, layer, rl_weight, label_weight, weight_decay, seed=0) for fit, _ in folds]
-    vals = [(batch(val, layer, 1.0), len(val)) for _, val in folds]
+    vals = [(batch(val, layer, held_out_weight(label_weight)), len(val)) for _, val in folds]
     best = (math.inf, None, 0)
     for epoch in range(1, epochs + 1):
         for _, step in runs:
@@ -256,7 +256,7 @@ def _solve_classes(
     opt.step(closure)
     head.eval()
     iterations = opt.state[params[0]].get("n_iter", max_iter)
-    loss = _validation_loss(head, batch(validation, layer, 1.0)) if validation else math.inf
+    loss = _validation_loss(head, batch(validation, layer, held_out_weight(label_weight))) if validation else math.inf
     return head, {"epochs_kept": iterations, "validation_log_loss": loss}
 
 
@@ -265,8 +265,19 @@ def solved(cfg: HeadConfig, rl_weight: float) -> bool:
     return cfg.kind == "classes" and not rl_weight
 
 
+def held_out_weight(label_weight: float) -> float:
+    """What model selection scores a held-out question against: its gold label wherever training reads gold
+    at all, and the teacher's distribution where training reads the teacher alone (`label_weight` 0:
+    distillation, where the "gold" is only the teacher's top answer). Scoring a head trained on the teacher's
+    distribution against its top answer chose for a target it does not learn. Measured on four distillation
+    tasks (README "Model selection against the teacher's distribution"): agreement with the teacher on
+    held-out rows 0.828 -> 0.922 (French reviews, now a classes head) and 0.771 -> 0.844 (mailing lists),
+    the other two held or rose; `prefill train` on gold labels is unchanged."""
+    return 1.0 if label_weight > 0 else 0.0
+
+
 def _validation_loss(head: Head, v) -> float:
-    """The head's log loss on a validation batch (against the gold label)."""
+    """The head's log loss on a validation batch (against its target: `held_out_weight`)."""
     with torch.no_grad():
         return float(objective(head(v.qtype, v.decision, v.options, v.loglik, v.answers), v))
 
