@@ -131,9 +131,10 @@ def report(outs: list[Path]) -> None:
     print(
         "| run | task | held-out questions | agreement with the teacher | student / teacher accuracy (gold) | "
         "seconds a row: student / teacher (speed-up) | cascade: escalated for 95 % agreement | for 90 % | "
-        "student's log loss vs the teacher |"
+        "student's log loss vs the teacher | agreement where the teacher's top answer has p < 0.5 / 0.5-0.7 / "
+        "0.7-0.9 / >= 0.9 (questions) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for out in outs:
         for path in sorted(out.glob("*/distill.json")):
             r = json.loads(path.read_text())
@@ -149,8 +150,16 @@ def report(outs: list[Path]) -> None:
                 f"| {out.name} | {path.parent.name} | {h['questions']} | {h['agreement']:.3f} | "
                 f"{h.get('student_accuracy', float('nan')):.3f} / {h.get('teacher_accuracy', float('nan')):.3f} | "
                 f"{h['student_seconds_per_row']:.3f} / {t['seconds_per_row']:.3f} ({speed:.0f}x) | {cascade} | "
-                f"{at_90} | {h.get('log_loss_vs_teacher', float('nan')):.3f} |"
+                f"{at_90} | {h.get('log_loss_vs_teacher', float('nan')):.3f} | {bands(h)} |"
             )
+
+
+def bands(held_out: dict) -> str:
+    """The held-out agreement within bands of the teacher's certainty ("-" for a run from before them)."""
+    found = held_out.get("by_teacher_certainty")
+    if not found:
+        return "-"
+    return " / ".join("-" if b["agreement"] is None else f"{b['agreement']:.2f} ({b['questions']})" for b in found)
 
 
 def time_teacher(args) -> None:

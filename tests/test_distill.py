@@ -116,6 +116,23 @@ def test_held_out_report_and_cascade_as_defined():
     assert all(a["escalated"] <= b["escalated"] for a, b in zip(curve, curve[1:]))
     # the two unsure answers (confidence 0.1) go first, at the threshold 0.15: then everything agrees
     assert report["cascade_for_target"] == {"target": 0.9, "threshold": 0.15, "escalated": 0.25, "agreement": 1.0}
+    # the teacher gives its top "kind" 0.8 and its "no" 0.7: all eight questions in the 0.7-0.9 band
+    assert [(b["teacher_top_at_least"], b["questions"], b["agreement"]) for b in report["by_teacher_certainty"]] == [
+        (0.0, 0, None),
+        (0.5, 0, None),
+        (0.7, 8, 7 / 8),
+        (0.9, 0, None),
+    ]
+
+
+def test_agreement_by_the_teachers_certainty_bands_its_top_probability():
+    per_question = [
+        {"teacher_top": top, "agrees": agrees}
+        for top, agrees in [(0.3, False), (0.5, True), (0.69, False), (0.95, True), (1.0, True)]
+    ]
+    bands = distill.by_teacher_certainty(per_question)
+    assert [(b["teacher_top_at_least"], b["below"]) for b in bands] == [(0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0)]
+    assert [(b["questions"], b["agreement"]) for b in bands] == [(1, 0.0), (2, 0.5), (0, None), (2, 1.0)]
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +184,8 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
     held = report["held_out"]
     assert held["questions"] == 18 and 0 <= held["agreement"] <= 1 and len(held["cascade"]) == 21
     assert "agrees with the teacher" in run.stderr
+    assert sum(b["questions"] for b in held["by_teacher_certainty"]) == 18
+    assert "agreement by the teacher's certainty" in run.stderr
     journaled = (out / "teacher.jsonl").read_text().splitlines()
     assert len(journaled) == 31  # a header and one line per row
     again = run_distill(tmp_path, *args)  # the journal is complete: the teacher is asked nothing

@@ -150,6 +150,12 @@ def summary(report: dict) -> str:
             f"  gold ({h['gold_questions']} questions): student {h['student_accuracy']:.3f}, "
             f"teacher {h['teacher_accuracy']:.3f}"
         )
+    bands = [b for b in h.get("by_teacher_certainty", []) if b["questions"]]
+    if bands:
+        parts = [
+            f"{b['teacher_top_at_least']:.1f}-{b['below']:.1f}: {b['agreement']:.0%} of {b['questions']}" for b in bands
+        ]
+        lines.append("  agreement by the teacher's certainty (its top answer's probability): " + ", ".join(parts))
     c = h["cascade_for_target"]
     if c.get("reached", True):
         lines.append(
