@@ -270,7 +270,7 @@ def _compare(q: AnyQuestion, student: Sequence[float], teacher: Sequence[float],
 def by_teacher_certainty(per_question: Sequence[dict], edges: Sequence[float] = (0.5, 0.7, 0.9)) -> list[dict]:
     """The agreement within bands of the teacher's own certainty (its top answer's probability). Where the
     teacher is torn between two answers, its top one is close to a coin flip that no student learns from the
-    text: on the routing tasks the student agreed on every held-out question the teacher gave 0.7 or more
+    text: on the routing tasks the student agreed on every held-out question the teacher gave 0.9 or more
     and on 42-50 % of those it gave under 0.5 (README "Distillation"), so this says how much of a shortfall
     is the teacher's indecision rather than the student's."""
     bounds = [0.0, *edges, math.inf]
