@@ -159,7 +159,11 @@ def bands(held_out: dict) -> str:
     found = held_out.get("by_teacher_certainty")
     if not found:
         return "-"
-    return " / ".join("-" if b["agreement"] is None else f"{b['agreement']:.2f} ({b['questions']})" for b in found)
+    cell = " / ".join("-" if b["agreement"] is None else f"{b['agreement']:.2f} ({b['questions']})" for b in found)
+    bare = held_out.get("teacher_choice_only") or {}
+    if bare.get("questions"):
+        cell += f"; no probabilities: {bare['agreement']:.2f} ({bare['questions']})"
+    return cell
 
 
 def time_teacher(args) -> None:

@@ -47,6 +47,18 @@ UNSCORED_MASS = 0.1
 TOP_LOGPROBS = 20  # alternatives asked for at each reply token (the most OpenAI's API allows)
 
 
+def unscored(k: int, n: int) -> list[float]:
+    """The distribution served for a reply that names answer `k` of `n` and carries no probability."""
+    return [1.0 - UNSCORED_MASS if i == k else UNSCORED_MASS / (n - 1) for i in range(n)]
+
+
+def is_unscored(probs: list[float]) -> bool:
+    """Whether `probs` is `unscored`'s form: a choice with no probability behind it, which says nothing
+    about how sure the answerer was (a model's own distribution never lands on it exactly)."""
+    n, k = len(probs), max(range(len(probs)), key=probs.__getitem__)
+    return n > 1 and all(abs(p - q) < 1e-12 for p, q in zip(probs, unscored(k, n)))
+
+
 class FallbackError(RuntimeError):
     """The fallback gave no usable answer (down, slow, an error status, or an answer nobody declared)."""
 
@@ -186,7 +198,9 @@ class ChatFallback(_Remote):
             return probs, used
         p = answer_probability(choice.get("logprobs"), text, answers[k])
         n = len(answers)
-        p = (1.0 - UNSCORED_MASS) if p is None else max(p, 1.0 / n)
+        if p is None:
+            return unscored(k, n), used
+        p = max(p, 1.0 / n)
         return [p if i == k else (1.0 - p) / (n - 1) for i in range(n)], used
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from prefill.commands.distill import summary
+from prefill.fallback import is_unscored, unscored
 from prefill.heads import distill
 from prefill.schema import Choice, Noul
 
@@ -123,6 +125,32 @@ def test_held_out_report_and_cascade_as_defined():
         (0.7, 8, 7 / 8),
         (0.9, 0, None),
     ]
+    assert report["teacher_choice_only"] == {"questions": 0, "agreement": None}
+
+
+def test_a_teachers_choice_without_probabilities_is_in_no_certainty_band():
+    """A chat teacher that returns no logprobs gives its choice as `fallback.unscored` (0.9 on it): that is
+    no certainty, so those questions are counted apart and the bands hold the scored ones only."""
+    held = [distill.Row(i, i, "x" * (i + 1), {}) for i in range(4)]
+    bare = {"kind": unscored(1, 3), "urgent": unscored(0, 2)}  # "bug", "yes", no probability behind either
+    scored = {"kind": [0.04, 0.9, 0.06], "urgent": [0.92, 0.08]}  # a model's own 0.9: scored, top band
+    entries = {r.index: {"probs": bare if r.index < 3 else scored, "error": None} for r in held}
+
+    class Student:  # says "bug" and "no" everywhere
+        def probabilities(self, state, questions, reference_date=None):
+            return {"kind": [0.2, 0.6, 0.2], "urgent": [0.3, 0.7]}, 0, []
+
+    report = distill.held_out_report(Student(), held, entries, QUESTIONS, target=0.9)
+    assert report["teacher_choice_only"] == {"questions": 6, "agreement": 0.5}
+    assert [(b["questions"], b["agreement"]) for b in report["by_teacher_certainty"]] == [
+        (0, None),
+        (0, None),
+        (0, None),
+        (2, 0.5),
+    ]
+    assert is_unscored(unscored(2, 5)) and not is_unscored(scored["kind"]) and not is_unscored([0.5, 0.5])
+    line = summary({"held_out": report, "teacher_answers": {"seconds_per_row": 1.0, "failed_rows": 0}})
+    assert "without probabilities on 6 of 8 questions (agreement 50%)" in line
 
 
 def test_agreement_by_the_teachers_certainty_bands_its_top_probability():

@@ -156,6 +156,13 @@ def summary(report: dict) -> str:
             f"{b['teacher_top_at_least']:.1f}-{b['below']:.1f}: {b['agreement']:.0%} of {b['questions']}" for b in bands
         ]
         lines.append("  agreement by the teacher's certainty (its top answer's probability): " + ", ".join(parts))
+    bare = h.get("teacher_choice_only", {})
+    if bare.get("questions"):
+        lines.append(
+            f"  the teacher gave its choice without probabilities on {bare['questions']} of {h['questions']} "
+            f"questions (agreement {bare['agreement']:.0%}): its certainty there is unknown, so they are in no band, "
+            "and the student learnt them as near-certain (a server that returns logprobs teaches it more)"
+        )
     c = h["cascade_for_target"]
     if c.get("reached", True):
         lines.append(

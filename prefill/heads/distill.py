@@ -33,6 +33,7 @@ from typing import Any
 from ..batch import read_rows, state_of
 from ..engine import choice_confidence
 from ..evaluation.evaluate import Item, gold_index
+from ..fallback import is_unscored
 from ..schema import AnyQuestion, Choice, Noul
 
 
@@ -246,7 +247,13 @@ def held_out_report(
         report["gold_questions"] = len(with_gold)
         report["student_accuracy"] = sum(p["student_right"] for p in with_gold) / len(with_gold)
         report["teacher_accuracy"] = sum(p["teacher_right"] for p in with_gold) / len(with_gold)
-    report["by_teacher_certainty"] = by_teacher_certainty(per_question)
+    scored = [p for p in per_question if p["teacher_scored"]]
+    report["by_teacher_certainty"] = by_teacher_certainty(scored)
+    choice_only = [p for p in per_question if not p["teacher_scored"]]
+    report["teacher_choice_only"] = {
+        "questions": len(choice_only),
+        "agreement": sum(p["agrees"] for p in choice_only) / len(choice_only) if choice_only else None,
+    }
     report["cascade"] = cascade(per_question)
     reached = [c for c in report["cascade"] if c["agreement"] >= target]
     report["cascade_for_target"] = {"target": target, **(reached[0] if reached else {"reached": False})}
@@ -264,6 +271,7 @@ def _compare(q: AnyQuestion, student: Sequence[float], teacher: Sequence[float],
         "student_right": top(student) == gold_i,
         "teacher_right": top(teacher) == gold_i,
         "teacher_top": max(teacher),
+        "teacher_scored": not is_unscored(list(teacher)),
     }
 
 
@@ -272,7 +280,9 @@ def by_teacher_certainty(per_question: Sequence[dict], edges: Sequence[float] = 
     teacher is torn between two answers, its top one is close to a coin flip that no student learns from the
     text: on the routing tasks the student agreed on every held-out question the teacher gave 0.9 or more
     and on 42-50 % of those it gave under 0.5 (README "Distillation"), so this says how much of a shortfall
-    is the teacher's indecision rather than the student's."""
+    is the teacher's indecision rather than the student's. Pass only the questions the teacher scored: a
+    choice that came without probabilities (`fallback.unscored`: a chat server that returns no logprobs)
+    reads 0.9 whatever the teacher's doubt, and would fill the top band (held_out_report counts those apart)."""
     bounds = [0.0, *edges, math.inf]
     out = []
     for lo, hi in zip(bounds, bounds[1:]):
