@@ -240,7 +240,7 @@ def held_out_report(
         "rows": len(rows),
         "questions": n,
         "student_seconds_per_row": seconds,
-        "agreement": sum(p["agrees"] for p in per_question) / n,
+        "agreement": agreement(per_question),
         "log_loss_vs_teacher": sum(p["log_loss"] for p in per_question) / n,
     }
     if with_gold:
@@ -252,7 +252,7 @@ def held_out_report(
     choice_only = [p for p in per_question if not p["teacher_scored"]]
     report["teacher_choice_only"] = {
         "questions": len(choice_only),
-        "agreement": sum(p["agrees"] for p in choice_only) / len(choice_only) if choice_only else None,
+        "agreement": agreement(choice_only),
     }
     report["cascade"] = cascade(per_question)
     reached = [c for c in report["cascade"] if c["agreement"] >= target]
@@ -275,6 +275,11 @@ def _compare(q: AnyQuestion, student: Sequence[float], teacher: Sequence[float],
     }
 
 
+def agreement(per_question: Sequence[dict]) -> float | None:
+    """The share of questions whose top answer the student and the teacher share; None for none."""
+    return sum(p["agrees"] for p in per_question) / len(per_question) if per_question else None
+
+
 def by_teacher_certainty(per_question: Sequence[dict], edges: Sequence[float] = (0.5, 0.7, 0.9)) -> list[dict]:
     """The agreement within bands of the teacher's own certainty (its top answer's probability). Where the
     teacher is torn between two answers, its top one is close to a coin flip that no student learns from the
@@ -287,8 +292,9 @@ def by_teacher_certainty(per_question: Sequence[dict], edges: Sequence[float] = 
     out = []
     for lo, hi in zip(bounds, bounds[1:]):
         band = [p for p in per_question if lo <= p["teacher_top"] < hi]
-        agreement = sum(p["agrees"] for p in band) / len(band) if band else None
-        out.append({"teacher_top_at_least": lo, "below": min(hi, 1.0), "questions": len(band), "agreement": agreement})
+        out.append(
+            {"teacher_top_at_least": lo, "below": min(hi, 1.0), "questions": len(band), "agreement": agreement(band)}
+        )
     return out
 
 
