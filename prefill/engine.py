@@ -364,13 +364,16 @@ class Engine:
 
 def softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:
     """Softmax over the declared answers. Answers the model finds impossible (-inf) get 0; if every
-    answer is impossible the distribution is uniform rather than NaN."""
+    answer is impossible the distribution is uniform rather than NaN. The normaliser is summed exactly
+    (`math.fsum`), so the order the options were declared in cannot move a probability even by a rounding
+    (a plain sum of reordered terms can differ in its last bit: seen under `--exact`, where the model's
+    scores are the same bits)."""
     finite = [x / temperature for x in logits if math.isfinite(x)]
     if not finite:
         return [1.0 / len(logits)] * len(logits)
     top = max(finite)
     exps = [math.exp(x / temperature - top) if math.isfinite(x) else 0.0 for x in logits]
-    total = sum(exps)
+    total = math.fsum(exps)
     return [e / total for e in exps]
 
 

@@ -94,12 +94,13 @@ DEFAULT = {"noul": Scoring("whole", "pmi"), "choice": Scoring("whole", "pmi"), "
 
 
 def log_normalised(scores: Sequence[float]) -> list[float]:
-    """log softmax over the declared answers (-inf stays -inf)."""
+    """log softmax over the declared answers (-inf stays -inf); the normaliser summed exactly, whatever the
+    options' order (as `engine.softmax`)."""
     finite = [x for x in scores if math.isfinite(x)]
     if not finite:
         return [-math.log(len(scores))] * len(scores)
     top = max(finite)
-    z = top + math.log(sum(math.exp(x - top) for x in finite))
+    z = top + math.log(math.fsum(math.exp(x - top) for x in finite))
     return [x - z if math.isfinite(x) else -math.inf for x in scores]
 
 

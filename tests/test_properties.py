@@ -13,7 +13,9 @@ from jevcompat.validate import choice_confidence as reference_choice_confidence
 from jevcompat.validate import score_confidence as reference_score_confidence
 
 from prefill.engine import Engine, choice_confidence, score_confidence, softmax
+from prefill.evaluation.calibration import rescale
 from prefill.schema import Choice, Score
+from prefill.scoring import log_normalised
 
 from .conftest import make_backend, make_model
 
@@ -55,6 +57,26 @@ def test_confidence_formulas_match_the_reference(raw):
     p = [x / sum(raw) for x in raw]
     assert choice_confidence(p) == pytest.approx(reference_choice_confidence(p), abs=1e-12)
     assert score_confidence(p) == pytest.approx(reference_score_confidence(p), abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-60, 0), min_size=2, max_size=12).flatmap(
+        lambda xs: st.tuples(st.just(xs), st.permutations(range(len(xs))))
+    )
+)
+def test_reordered_options_get_the_same_bits(case):
+    """Softmax, log-normalising and calibration sum their normaliser exactly: declaring the options in another
+    order cannot move a probability by even one bit (a plain sum can: [1, 1.2e-16, 1.2e-16] sums to 1 + 4e-16
+    one way and 1 + 2e-16 the other, which failed the `--exact` reordering test on one CPU)."""
+    logits, order = case
+    moved = [logits[i] for i in order]
+    assert softmax(moved) == [softmax(logits)[i] for i in order]
+    assert log_normalised(moved) == [log_normalised(logits)[i] for i in order]
+    probs = softmax(logits)
+    assert rescale([probs[i] for i in order], 1.7) == [rescale(probs, 1.7)[i] for i in order]
+    tiny = math.log(1.2e-16)
+    assert softmax([0.0, tiny, tiny]) == softmax([tiny, tiny, 0.0])[::-1]
 
 
 def test_softmax_never_nan():

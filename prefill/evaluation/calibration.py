@@ -38,7 +38,7 @@ def rescale(p: Sequence[float], temperature: float, bias: float = 0.0) -> list[f
     logs[0] += bias
     top = max(logs)
     exps = [math.exp(v - top) for v in logs]
-    total = sum(exps)
+    total = math.fsum(exps)  # exactly: the options' order cannot move a bit (engine.softmax)
     return [e / total for e in exps]
 
 
