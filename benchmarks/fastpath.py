@@ -35,12 +35,13 @@ def row(report: dict) -> str:
         if "llamacpp_json_s" in s
         else s.get("llamacpp_skipped", "-")
     )
+    first = f" (asked first: {s['new_questions_s']:.2f} s)" if "new_questions_s" in s else ""
     where = s.get("where_time_goes_s", {})
     split = " / ".join(
         f"{where[k]:.2f}" for k in ("state pass", "tree pass", "answer log-probabilities", "rest") if k in where
     )
     return (
-        f"| {report['model']} | {s['dtype']} | **{s['prefill_s']:.3f} s** | {s['generate_json_s']:.2f} s: "
+        f"| {report['model']} | {s['dtype']} | **{s['prefill_s']:.3f} s**{first} | {s['generate_json_s']:.2f} s: "
         f"{s['speedup_vs_generate']:.1f}× | {llama} | {s['one_question_s']:.3f} s: {s['ratio_to_one_question']:.2f} | "
         f"{s['prefill_tokens_run']} tokens, {s['matrix_gflop']:.0f} GFLOP: {s['achieved_gflops']:.0f} GFLOP/s | "
         f"{s['bare_bf16_linear_gflops']:.0f} / {s['bare_fp32_linear_gflops']:.0f} GFLOP/s: "
@@ -218,7 +219,7 @@ def precision() -> None:
     served = answers(bf)
     original = causal_lm.CausalLMBackend._exact_logits
     causal_lm.CausalLMBackend._exact_logits = lambda self, head_input: None
-    bf.engine._priors = type(bf.engine._priors)()
+    bf.engine.forget_priors()
     rounded = answers(bf)
     causal_lm.CausalLMBackend._exact_logits = original
     for name, got in (("bf16 logits as they are", rounded), ("answer and top-16 logits in fp32 (served)", served)):
@@ -271,7 +272,7 @@ def exact(model: str, repeats: int = 3) -> None:
     def use(mode: str) -> None:
         config._attn_implementation, net._prefill_exact_rows = modes[mode]
         pf.backend.forget_states()
-        pf.engine._priors = type(pf.engine._priors)()
+        pf.engine.forget_priors()
 
     for mode in modes:
         use(mode)

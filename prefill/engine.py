@@ -126,6 +126,12 @@ class Engine:
         if self.heads is not None and self.heads.adapter is not None:
             self.backend.merge_adapter(self.heads.adapter)
 
+    def forget_priors(self) -> None:
+        """Empty the content-free prior cache: the next request pays its questions' prior passes again, as a
+        question asked for the first time does (`prefill bench` times that; a changed model must not reuse
+        them)."""
+        self._priors = PriorCache(self._priors.size)
+
     @property
     def name(self) -> str:
         """The served model name: the base model's, plus the readout's when one is loaded (or `served_as`)."""

@@ -141,6 +141,7 @@ def test_bench_fast_section_reports_the_roofline(model_dir, tmp_path):  # noqa: 
     assert math.isclose(
         s["share_of_bf16_linear"], s["achieved_gflops"] / s["bare_bf16_linear_gflops"], rel_tol=0.1, abs_tol=0.1
     )
+    assert s["new_questions_s"] > 0 and s["new_questions_ratio"] > 0  # the same request, its priors not cached
     assert s["one_question_s"] > 0 and set(s["where_time_goes_s"]) == {
         "state pass",
         "tree pass",

@@ -82,6 +82,10 @@ def test_the_prior_costs_passes_once_per_new_question(tiny_model, tokenizer):
     assert engine.backend.forward_calls == 2 + 2 * n_free + 2  # priors cached: one state, one packed pass
     engine.ask("Another ticket.", {"new": Noul("Is this about shipping?")})
     assert engine.backend.forward_calls == 2 + 2 * n_free + 2 + 2 + n_free  # content-free states are cached
+    engine.forget_priors()  # as if never asked (prefill bench times it): its priors' passes again
+    engine.ask("Another ticket.", {"new": Noul("Is this about shipping?")})
+    # the states (this one and the content-free ones) are still cached: the request's tree and each prior's
+    assert engine.backend.forward_calls == 2 + 2 * n_free + 2 + 2 + n_free + 1 + n_free
 
 
 def test_a_question_that_leans_whatever_the_text_is_evened_out(tiny_model, tokenizer):
