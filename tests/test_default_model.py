@@ -183,13 +183,7 @@ def test_the_language_of_real_messages(served_default):
 
     examples = shortest_messages()
     assert len(examples) == 10
-    wrong = []
-    for phrasing in (p for p in MESSAGES.phrasings if p.question["type"] == "choice"):
-        question = {"language": Choice(phrasing.question["instructions"], phrasing.question["criteria"])}
-        for text, code in examples:
-            answer = served_default.ask(text, question)["language"].choice
-            if answer != LANGUAGES[code]:
-                wrong.append((phrasing.qid, code, answer, text))
+    wrong = wrong_choices(served_default, MESSAGES, [(text, LANGUAGES[code]) for text, code in examples])
     assert len(wrong) <= 4, wrong
 
 
@@ -205,14 +199,21 @@ def test_patients_messages_that_name_their_condition_are_routed_to_its_clinic(se
 
     examples = explicit_condition_reviews()
     assert len(examples) == 12
-    wrong = []
-    for phrasing in (p for p in CONDITIONS.phrasings if p.question["type"] == "choice"):
-        question = {"clinic": Choice(phrasing.question["instructions"], phrasing.question["criteria"])}
-        for text, clinic in examples:
-            answer = served_default.ask(text, question)["clinic"].choice
-            if answer != clinic:
-                wrong.append((phrasing.qid, clinic, answer, text))
+    wrong = wrong_choices(served_default, CONDITIONS, examples)
     assert len(wrong) <= 4, wrong
+
+
+def wrong_choices(prefill, task, examples: list[tuple[str, str]]) -> list[tuple]:
+    """Each choice phrasing of a real task (benchmarks/tasks.py) asked about each (text, right option):
+    (phrasing, right option, answer, text) for every wrong answer."""
+    wrong = []
+    for phrasing in (p for p in task.phrasings if p.question["type"] == "choice"):
+        question = Choice(phrasing.question["instructions"], phrasing.question["criteria"])
+        for text, right in examples:
+            answer = prefill.ask(text, {"q": question})["q"].choice
+            if answer != right:
+                wrong.append((phrasing.qid, right, answer, text))
+    return wrong
 
 
 # ---------------------------------------------------------------- a live server
