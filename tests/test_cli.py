@@ -155,3 +155,33 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     assert run.returncode == 2 and "--lora-layers" in run.stderr
     run = prefill("train", str(data), *model, "--packing", "rows", "--out", str(tmp_path / "y"))
     assert run.returncode == 2 and "packed mode" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_label_weight_zero_trains_on_the_teacher_alone(model_dir, tmp_path):
+    """`prefill train --teacher T --label-weight 0` (what distillation does): the gold labels take no part in
+    the target, so the same rows with every gold label flipped train the same head, to the byte; with the
+    default weight (0.5) the flipped labels train another one."""
+    rows = [
+        {
+            "state": ("I am furious! " if i % 2 == 0 else "All good, thanks. ") + f"Order {i}.",
+            "questions": {"q": {"type": "noul", "instructions": "Is the customer angry?"}},
+            "gold": {"q": i % 2 == 0},
+        }
+        for i in range(12)
+    ]
+    data, flipped = tmp_path / "data.jsonl", tmp_path / "flipped.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    flipped.write_text("\n".join(json.dumps({**r, "gold": {"q": not r["gold"]["q"]}}) for r in rows))
+    model = ("--model", str(model_dir))
+    teacher = tmp_path / "teacher.jsonl"
+    assert prefill("record", str(data), *model, "--out", str(teacher)).returncode == 0
+
+    def head(rows_file: Path, name: str, *weight: str) -> bytes:
+        out = tmp_path / name
+        teaching = ("--teacher", str(teacher), "--early-layer", "0", *weight)
+        run = prefill("train", str(rows_file), *model, *teaching, "--out", str(out))
+        assert run.returncode == 0, run.stderr
+        return (out / "final.safetensors").read_bytes()
+
+    assert head(data, "a", "--label-weight", "0") == head(flipped, "b", "--label-weight", "0")
+    assert head(data, "c") != head(flipped, "d")
