@@ -9,6 +9,7 @@ a bad request fails as a 422 with FastAPI's `detail[]` shape before any model wo
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -107,10 +108,18 @@ class SystemOneRequest(BaseModel):
                     raise PydanticCustomError(
                         "dict_type",
                         "question {qid}: a choice's criteria must be an object of option name -> "
-                        "description (null for none)",
-                        {"qid": qid},
+                        "description (null for none){example}",
+                        {"qid": qid, "example": _as_object(q.get("criteria"))},
                     )
         return questions
+
+
+def _as_object(criteria: Any) -> str:
+    """For a list of option names sent where an object is due: the object to send instead."""
+    if not isinstance(criteria, list) or not criteria or not all(isinstance(v, str) for v in criteria):
+        return ""
+    names = ", ".join(f"{json.dumps(v)}: null" for v in criteria[:3])
+    return f", e.g. {{{names}{', ...' if len(criteria) > 3 else ''}}}"
 
 
 class NoulAnswer(BaseModel):

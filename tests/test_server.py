@@ -155,9 +155,11 @@ def test_over_the_sequence_limit_is_413(tiny_model, tokenizer):
 
 
 def test_choice_criteria_on_the_wire_is_an_object(client):
-    """The Python API's list shorthand is not the wire format: the API documents an object."""
+    """The Python API's list shorthand is not the wire format: the API documents an object. The error shows
+    the object to send instead, from the caller's own names."""
     r = client.post("/v1/systemone", json=body({"t": {"type": "choice", "criteria": ["Billing", "Technical"]}}))
     assert r.status_code == 422 and "object" in r.json()["detail"][0]["msg"]
+    assert 'e.g. {"Billing": null, "Technical": null}' in r.json()["detail"][0]["msg"]
 
 
 def test_over_the_context_is_413(client):
