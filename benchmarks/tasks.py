@@ -180,6 +180,25 @@ def message_language_rows() -> list[tuple[str, str]]:
     )
 
 
+def shortest_messages(n: int = 2, min_chars: int = 60) -> list[tuple[str, str]]:
+    """The `n` shortest texts of at least `min_chars` from each source of `messages` (spam e-mail, other e-mail,
+    drug reviews, French reviews, German reviews), chosen by that rule alone, never by how a model answers
+    them: (text, language code), for the regression examples."""
+    emails = email_rows()
+    sources = [
+        ([t for t, label in emails if label == "spam"], "en"),
+        ([t for t, label in emails if label == "ham"], "en"),
+        ([t for t, _ in drug_rows()], "en"),
+        ([t for t, _ in read_corpus("fr_reviews")], "fr"),
+        ([t for t, _ in read_corpus("de_reviews")], "de"),
+    ]
+    return [
+        (t, code)
+        for texts, code in sources
+        for t in sorted({t for t in texts if len(t) >= min_chars}, key=lambda t: (len(t), t))[:n]
+    ]
+
+
 # ---------------------------------------------------------------- tasks
 
 
@@ -243,24 +262,6 @@ LANGUAGE = Task(
         ),
     ),
 )
-
-
-def shortest_messages(n: int = 2, min_chars: int = 60) -> list[tuple[str, str]]:
-    """The `n` shortest texts of at least `min_chars` from each source of `messages` (spam e-mail, other e-mail,
-    drug reviews, French reviews, German reviews), chosen by that rule alone, never by how a model answers
-    them: (text, language code), for the regression examples."""
-    sources = [
-        ([t for t, label in email_rows() if label == "spam"], "en"),
-        ([t for t, label in email_rows() if label == "ham"], "en"),
-        ([t for t, _ in drug_rows()], "en"),
-        ([t for t, _ in read_corpus("fr_reviews")], "fr"),
-        ([t for t, _ in read_corpus("de_reviews")], "de"),
-    ]
-    return [
-        (t, code)
-        for texts, code in sources
-        for t in sorted({t for t in texts if len(t) >= min_chars}, key=lambda t: (len(t), t))[:n]
-    ]
 
 
 FIVE = ("en", "fr", "de", "es", "it")
