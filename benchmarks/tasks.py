@@ -674,7 +674,7 @@ def report(outs: list[Path]) -> dict:
     """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
     served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out and with
     the task's own temperature (two-fold), and the ECE a perfectly calibrated model would show on as many
-    questions (`metrics.ece_floor`)."""
+    questions (`metrics.ece_floor`); then each phrasing on its own (`phrasing_table`)."""
     from prefill.scoring import DEFAULT
 
     result = {}
@@ -738,8 +738,31 @@ def report(outs: list[Path]) -> dict:
             for key, value in zip(eces, (raw["ece"], calibrated["ece"], own, floor)):
                 eces[key].append(value)
         print(f"| mean | | | | | | {' | '.join(f'{mean(v):.3f}' for v in eces.values())} |")
-        result[str(out)] = {"meta": meta, "scorings": table, "served": detail}
+        phrasings = phrasing_table(rows, served)
+        result[str(out)] = {"meta": meta, "scorings": table, "served": detail, "phrasings": phrasings}
     return result
+
+
+def phrasing_table(rows: list[dict], served: dict) -> dict:
+    """Per phrasing of each task (its qid): accuracy raw, with λ 0.5 and served; for yes/no, the share answered
+    yes (served, at 0.5) among the questions whose gold answer is yes and among those whose gold is no (a
+    question that gets yes whatever the text shows here, where its accuracy alone does not say why)."""
+    from prefill.scoring import Scoring
+
+    rules = (Scoring("whole"), Scoring("whole", "pmi", 0.5))
+    print("\n| task | phrasing | type | n | raw | λ 0.5 | served | yes/no: answered yes when gold is yes / no |")
+    print("|---|---|---|---|---|---|---|---|")
+    out = {}
+    for (task, qid), prows in grouped(rows, lambda r: (r["task"], r["qid"])).items():
+        qtype = prows[0]["type"]
+        accs = [task_metrics(prows, softmax_rows(prows, w))["accuracy"] for w in (*rules, served[qtype])]
+        leans = ""
+        if qtype == "noul":
+            yes = [p[0] > 0.5 for p in softmax_rows(prows, served[qtype])]
+            leans = " / ".join(f"{mean([float(y) for y, r in zip(yes, prows) if r['gold'] == g]):.2f}" for g in (0, 1))
+        out[f"{task}|{qid}"] = {"n": len(prows), "accuracy": dict(zip(("raw", "pmi*0.5", "served"), accs))}
+        print(f"| {task} | {qid} | {qtype} | {len(prows)} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {leans} |")
+    return out
 
 
 def own_temperature_ece(rows: list[dict], served: dict, meta: dict) -> float:
