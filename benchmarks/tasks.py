@@ -674,7 +674,9 @@ def report(outs: list[Path]) -> dict:
     """Per run: every scoring rule per task × type (accuracy; AUC / Spearman), the mean per type; then the
     served scoring per task × type with its majority and chance rates, calibrated leave-one-task-out and with
     the task's own temperature (two-fold), and the ECE a perfectly calibrated model would show on as many
-    questions (`metrics.ece_floor`); then each phrasing on its own (`phrasing_table`)."""
+    questions (`metrics.ece_floor`); then each phrasing on its own (`phrasing_table`), and calibrated on the
+    task's own labelled texts (`own_calibration_table`); runs of one model given together also get that last
+    table over all their tasks at once."""
     from prefill.scoring import DEFAULT
 
     result = {}
@@ -739,7 +741,12 @@ def report(outs: list[Path]) -> dict:
                 eces[key].append(value)
         print(f"| mean | | | | | | {' | '.join(f'{mean(v):.3f}' for v in eces.values())} |")
         phrasings = phrasing_table(rows, served)
-        result[str(out)] = {"meta": meta, "scorings": table, "served": detail, "phrasings": phrasings}
+        own = own_calibration_table(rows, served)
+        result[str(out)] = {"meta": meta, "scorings": table, "served": detail, "phrasings": phrasings, "own": own}
+    runs = [load(out) for out in outs]
+    if len(runs) > 1 and len({m["model"] for m, _ in runs}) == 1:
+        print(f"\n## the {len(runs)} runs together, one calibration file for all their tasks")
+        result["together"] = own_calibration_table([r for _, rows in runs for r in rows], served)
     return result
 
 
@@ -762,6 +769,63 @@ def phrasing_table(rows: list[dict], served: dict) -> dict:
             leans = " / ".join(f"{mean([float(y) for y, r in zip(yes, prows) if r['gold'] == g]):.2f}" for g in (0, 1))
         out[f"{task}|{qid}"] = {"n": len(prows), "accuracy": dict(zip(("raw", "pmi*0.5", "served"), accs))}
         print(f"| {task} | {qid} | {qtype} | {len(prows)} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {leans} |")
+    return out
+
+
+def own_calibration(rows: list[dict], served: dict, per_question: bool) -> list[list[float]]:
+    """The served answers calibrated as `prefill calibrate` fits it on a user's labelled rows (per type: a
+    temperature, with a yes-bias for yes/no; `per_question`: each phrasing then its own correction,
+    `--per-question`), two-fold by text: half the texts fit it, the other half are answered, then the other way
+    round. Returned in the order of `rows`."""
+    from prefill.engine import softmax
+    from prefill.evaluation.calibration import Calibration
+
+    texts = sorted({(r["task"], r["item"]) for r in rows})
+    out: dict[int, list[float]] = {}
+    for fit_half in (set(texts[0::2]), set(texts[1::2])):
+        fit = [(i, r, softmax(scores_under(r, served[r["type"]]))) for i, r in enumerate(rows)]
+        by_type: dict[str, list] = {}
+        by_question: dict[str, tuple[str, list[str], list]] = {}
+        for _, r, p in fit:
+            if (r["task"], r["item"]) in fit_half:
+                by_type.setdefault(r["type"], []).append((p, r["gold"]))
+                key = f"{r['task']}|{r['qid']}"
+                by_question.setdefault(key, (r["type"], [str(k) for k in range(len(p))], []))[2].append((p, r["gold"]))
+        cal = Calibration.fit("", "", by_type, by_question=by_question if per_question else None)
+        for i, r, p in fit:
+            if (r["task"], r["item"]) not in fit_half:
+                out[i] = cal.apply(r["type"], p, f"{r['task']}|{r['qid']}", [str(k) for k in range(len(p))])
+    return [out[i] for i in range(len(rows))]
+
+
+def own_calibration_table(rows: list[dict], served: dict) -> dict:
+    """Per task x type: accuracy (macro-F1 for a choice of more than two) and ECE, raw and calibrated on labelled
+    texts two-fold (`own_calibration`) per type and per question: with a file of the task's own rows, and with
+    one file of every task's rows (a user calibrating all the questions of an application at once); the means."""
+    index = {id(r): i for i, r in enumerate(rows)}
+    ways = {"raw": [softmax_rows([r], served[r["type"]])[0] for r in rows]}
+    for per_question, name in ((False, "task, per type"), (True, "task, per question")):
+        probs: list[list[float]] = [[] for _ in rows]
+        for trows in grouped(rows, lambda r: r["task"]).values():
+            for r, p in zip(trows, own_calibration(trows, served, per_question)):
+                probs[index[id(r)]] = p
+        ways[name] = probs
+    ways["all, per type"] = own_calibration(rows, served, False)
+    ways["all, per question"] = own_calibration(rows, served, True)
+    print("\n| task | type | n | " + " | ".join(ways) + " |\n|---|---|---|" + "---|" * len(ways))
+    out = {}
+    for (task, qtype), crows in grouped(rows, lambda r: (r["task"], r["type"])).items():
+        ms = {k: task_metrics(crows, [v[index[id(r)]] for r in crows]) for k, v in ways.items()}
+        out[f"{task}|{qtype}"] = ms
+        print(
+            f"| {task} | {qtype} | {len(crows)} | "
+            + " | ".join(f"{headline(m):.3f} / {m['ece']:.3f}" for m in ms.values())
+            + " |"
+        )
+    means = [(mean(headline(v[k]) for v in out.values()), mean(v[k]["ece"] for v in out.values())) for k in ways]
+    print("| mean | | | " + " | ".join(f"{a:.3f} / {e:.3f}" for a, e in means) + " |")
+    cells = [sum(v[k]["ece"] <= 0.05 for v in out.values()) for k in ways]
+    print("| ECE <= 0.05 | | | " + " | ".join(f"{c} of {len(out)}" for c in cells) + " |")
     return out
 
 
@@ -809,6 +873,35 @@ def side_by_side(outs: list[Path]) -> None:
     print("| mean | | | | " + " | ".join(f"{mean(x):.3f}" for x in means) + " |")
 
 
+def wire_gold(question: dict, index: int):
+    """A gold answer index as `prefill calibrate` / `eval` read it: true/false, an option's name, a level."""
+    if question["type"] == "noul":
+        return index == 0
+    return list(question["criteria"])[index] if question["type"] == "choice" else index
+
+
+def wire(question: dict) -> dict:
+    """A phrasing's question as the wire takes it: a choice's options as an object (name -> description)."""
+    if question["type"] == "choice" and isinstance(question["criteria"], list):
+        return {**question, "criteria": dict.fromkeys(question["criteria"])}
+    return question
+
+
+def write_labelled(tasks: list[str], n: int, seed: int, path: Path) -> None:
+    """Each task's texts (as `items` draws them) with every phrasing that has a gold answer, one JSONL line
+    a text: {"state", "questions", "gold", "family": the task}."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = 0
+    with path.open("w", encoding="utf-8") as f:
+        for name in tasks:
+            for text, asked in items(TASKS[name], n, seed):
+                questions = {a.qid: wire(a.question) for a in asked}
+                gold = {a.qid: wire_gold(a.question, a.gold) for a in asked}
+                f.write(json.dumps({"state": text, "questions": questions, "gold": gold, "family": name}) + "\n")
+                lines += 1
+    print(f"wrote {lines} labelled texts of {', '.join(tasks)} to {path}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
@@ -824,6 +917,12 @@ def main() -> None:
     ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")
     ap.add_argument("--compare", nargs="+", default=None, help="saved runs side by side, served scoring")
     ap.add_argument(
+        "--write-labelled",
+        default=None,
+        metavar="FILE",
+        help="write the tasks' texts and questions as labelled JSONL for prefill calibrate / eval, and stop",
+    )
+    ap.add_argument(
         "--generate",
         type=int,
         default=0,
@@ -831,7 +930,9 @@ def main() -> None:
         help="with --out of a saved run: the model generates its answers for the first N texts a task",
     )
     args = ap.parse_args()
-    if args.generate:
+    if args.write_labelled:
+        write_labelled(args.tasks.split(","), args.items, args.seed, Path(args.write_labelled))
+    elif args.generate:
         generate(args)
     elif args.compare:
         side_by_side([Path(p) for p in args.compare])

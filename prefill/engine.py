@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from . import facts
 from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
-from .evaluation.calibration import Calibration
+from .evaluation.calibration import Calibration, question_key
 from .heads.head import Heads
 from .render import Branches, render_text
 from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage, answer_labels
@@ -87,7 +87,8 @@ class _Prepared:
     branches: list[Branches]
     qtypes: list[str]
     slot: dict[str, int]
-    labels: list[list[str]] = field(default_factory=list)  # per branch, its answers' names (for trained heads)
+    labels: list[list[str]] = field(default_factory=list)  # per branch, its answers' names (heads, calibration)
+    keys: list[str] = field(default_factory=list)  # per branch, its question's calibration key (by content)
 
     def fill(self, per_branch: list[list[float]], exited: set[int]) -> None:
         self.found.probs.update({qid: per_branch[self.slot[qid]] for qid in self.asked})
@@ -231,7 +232,7 @@ class Engine:
             if self.heads is None:
                 jobs = [(p.state_ids, p.branches, p.qtypes) for _, p in todo]
                 for (_, p), scores in zip(todo, self.scores_many(jobs)):
-                    p.fill([self._calibrated(t, s) for t, s in zip(p.qtypes, scores)], set())
+                    p.fill([self._calibrated(*args) for args in zip(p.qtypes, scores, p.keys, p.labels)], set())
             else:
                 for i, p in todo:
                     try:
@@ -257,17 +258,19 @@ class Engine:
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
         unique: dict[Branches, int] = {}  # identical questions are scored once, and so answered alike
-        slot, qtypes, labels = {}, [], []
+        slot, qtypes, labels, keys = {}, [], [], []
+        per_question = self.calibration is not None and self.calibration.by_question
         for qid, q in asked.items():
             slot[qid] = unique.setdefault(renderer.question(q), len(unique))
             if slot[qid] == len(qtypes):
                 qtypes.append(q.type)
                 labels.append(answer_labels(q))
+                keys.append(question_key(q) if per_question else "")
         branches = list(unique)
         found.n_tokens = self._check_limits(state_ids, branches)
         if self.backend.truncates:  # the encoder route cuts a state too long for its positions
             found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
-        return _Prepared(found, asked, state_ids, branches, qtypes, slot, labels)
+        return _Prepared(found, asked, state_ids, branches, qtypes, slot, labels, keys)
 
     def scores(
         self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
@@ -295,8 +298,8 @@ class Engine:
                 out[j][i] = corrected(out[j][i], prior, way.prior_weight)
         return out
 
-    def _calibrated(self, qtype: str, loglik: Sequence[float]) -> list[float]:
-        return softmax(self.calibration.adjust(qtype, loglik) if self.calibration else loglik)
+    def _calibrated(self, qtype: str, loglik: Sequence[float], key: str, labels: Sequence[str]) -> list[float]:
+        return softmax(self.calibration.adjust(qtype, loglik, key, labels) if self.calibration else loglik)
 
     def _read_heads(
         self,

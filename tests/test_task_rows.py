@@ -31,3 +31,36 @@ def test_distill_rows_mix_in_the_unlabelled_texts(tmp_path):
     assert sorted(json.dumps(r) for r in rows if r["gold"] is not None) == sorted(json.dumps(r) for r in alone)
     assert rows != alone + [r for r in rows if r["gold"] is None]  # mixed in, not appended
     assert list(json.loads(questions.read_text())) == ["clinic"]
+
+
+def test_the_reports_own_calibration_undoes_each_questions_lean():
+    """`--report`'s last table on rows made to lean: two yes/no phrasings that rank their texts right but lean
+    opposite ways. Fitted on half the texts, per question fixes both on the other half; per type cannot."""
+    import random
+
+    from benchmarks.tasks import own_calibration, task_metrics
+    from prefill.scoring import DEFAULT
+
+    rng, rows = random.Random(0), []
+    for qid, lean in (("negative", 3.0), ("positive", -3.0)):
+        for item in range(80):
+            gold = int(item % 4 >= 2)  # both answers in each half (the halves are the even and odd texts)
+            margin = (1.0 if gold == 0 else -1.0) + rng.gauss(0, 0.7) + lean  # yes minus no
+            rows.append(
+                {
+                    "task": "reviews",
+                    "qid": qid,
+                    "type": "noul",
+                    "item": item,
+                    "gold": gold,
+                    "readouts": {"whole": [margin, 0.0]},
+                    "priors": {str(DEFAULT["noul"]): [0.0, 0.0]},
+                }
+            )
+    served = dict(DEFAULT)
+    per_type, per_question = (own_calibration(rows, served, q) for q in (False, True))
+    for qid in ("negative", "positive"):
+        mine = [i for i, r in enumerate(rows) if r["qid"] == qid]
+        typed = task_metrics([rows[i] for i in mine], [per_type[i] for i in mine])["accuracy"]
+        own = task_metrics([rows[i] for i in mine], [per_question[i] for i in mine])["accuracy"]
+        assert typed < 0.7 < 0.8 < own

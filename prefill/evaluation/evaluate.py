@@ -19,7 +19,7 @@ import random
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from ..engine import Engine
 from ..render import render_question
 from ..schema import AnyQuestion, Choice, Noul, Question, Score, answer_labels
 from . import metrics
-from .calibration import Calibration
+from .calibration import Calibration, question_key
 
 _QUESTIONS = TypeAdapter(dict[str, Question])
 
@@ -97,6 +97,7 @@ class LabelledAnswer:
     gold: int
     labels: list[str]
     item: int
+    key: str = ""  # calibration.question_key: the question this answers, by content
 
 
 def predict(engine: Engine, items: Sequence[Item], progress: str = "answering") -> list[LabelledAnswer]:
@@ -104,7 +105,8 @@ def predict(engine: Engine, items: Sequence[Item], progress: str = "answering") 
     for i, item in enumerate(tqdm(items, desc=progress, unit="item", file=sys.stderr)):
         answers, _ = engine.ask(item.state, item.questions, item.reference_date)
         for qid, q in item.questions.items():
-            out.append(LabelledAnswer(q.type, vector(answers[qid]), gold_index(q, item.gold[qid]), answer_labels(q), i))
+            gold = gold_index(q, item.gold[qid])
+            out.append(LabelledAnswer(q.type, vector(answers[qid]), gold, answer_labels(q), i, question_key(q)))
     return out
 
 
@@ -114,13 +116,23 @@ def report(scored: Sequence[LabelledAnswer], calibration: Calibration | None = N
         by_type[s.qtype].append(s)
     out = {}
     for qtype, rows in sorted(by_type.items()):
-        preds = [(calibration.apply(qtype, s.probs) if calibration else s.probs, s.gold) for s in rows]
+        preds = [(calibrated(calibration, s), s.gold) for s in rows]
         out[qtype] = metrics.summary(preds, [s.labels for s in rows], ordinal=qtype == "score")
     return out
 
 
+def calibrated(calibration: Calibration | None, s: LabelledAnswer) -> list[float]:
+    return calibration.apply(s.qtype, s.probs, s.key, s.labels) if calibration else s.probs
+
+
 def cross_validate(
-    model: str, fingerprint: str, scored: Sequence[LabelledAnswer], folds: int = 5, buckets: bool = False, seed: int = 0
+    model: str,
+    fingerprint: str,
+    scored: Sequence[LabelledAnswer],
+    folds: int = 5,
+    buckets: bool = False,
+    seed: int = 0,
+    per_question: Collection[str] = (),
 ) -> dict:
     """Held-out metrics after calibration: items split into folds, temperatures fitted on the other folds
     and applied to this one; the held-out predictions of all folds are pooled."""
@@ -130,20 +142,33 @@ def cross_validate(
     held_out: list[LabelledAnswer] = []
     for k in range(folds):
         train = [s for s in scored if fold_of[s.item] != k]
-        cal = fit(model, fingerprint, train, buckets)
+        cal = fit(model, fingerprint, train, buckets, per_question)
         held_out += [
-            LabelledAnswer(s.qtype, cal.apply(s.qtype, s.probs), s.gold, s.labels, s.item)
+            LabelledAnswer(s.qtype, calibrated(cal, s), s.gold, s.labels, s.item, s.key)
             for s in scored
             if fold_of[s.item] == k
         ]
     return report(held_out)
 
 
-def fit(model: str, fingerprint: str, scored: Sequence[LabelledAnswer], buckets: bool = False) -> Calibration:
+def fit(
+    model: str,
+    fingerprint: str,
+    scored: Sequence[LabelledAnswer],
+    buckets: bool = False,
+    per_question: Collection[str] = (),
+) -> Calibration:
+    """Temperatures per type (and bucket), and each question of a type in `per_question` its own."""
     by_type: dict[str, list] = defaultdict(list)
+    by_question: dict[str, tuple[str, list[str], list]] = {}
     for s in scored:
         by_type[s.qtype].append((s.probs, s.gold))
-    return Calibration.fit(model, fingerprint, dict(by_type), buckets=buckets)
+        if s.qtype not in per_question:
+            continue
+        _, names, rows = by_question.setdefault(s.key, (s.qtype, s.labels, []))
+        order = [s.labels.index(name) for name in names]  # the same question, its options declared in another order
+        rows.append(([s.probs[i] for i in order], order.index(s.gold)))
+    return Calibration.fit(model, fingerprint, dict(by_type), buckets=buckets, by_question=by_question)
 
 
 # ---------------------------------------------------------------- generation baseline
@@ -214,7 +239,7 @@ def plot_reliability(
     for ax, qtype in zip(axes[0], types):
         rows = [s for s in scored if s.qtype == qtype]
         for label, cal in (("raw", None), ("calibrated", calibration)) if calibration else (("raw", None),):
-            preds = [(cal.apply(qtype, s.probs) if cal else s.probs, s.gold) for s in rows]
+            preds = [(calibrated(cal, s), s.gold) for s in rows]
             bins = [b for b in metrics.reliability(preds) if b["n"]]
             ax.plot(
                 [b["confidence"] for b in bins],
@@ -265,23 +290,34 @@ def evaluation(pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], fold
 
 
 def calibrate(
-    pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], folds: int, try_buckets: bool
+    pf, items: Sequence[Item], scored: Sequence[LabelledAnswer], folds: int, try_buckets: bool, try_questions: bool
 ) -> tuple[Calibration, dict]:
-    """`prefill calibrate`: temperatures per question type, and per option-count bucket when those do better
-    out of fold (`try_buckets`), with the held-out numbers behind the choice."""
+    """`prefill calibrate`: temperatures per question type; per option-count bucket (`try_buckets`) where those
+    do better out of fold; then per question (`try_questions`) for each type whose held-out log loss it
+    lowers. The held-out numbers behind each choice are in the result."""
     fp = pf.backend.fingerprint
     per_type = cross_validate(pf.name, fp, scored, folds)
     result: dict = {"model": pf.name, "items": len(items), "raw": report(scored), "held_out_per_type": per_type}
-    buckets = False
+    best, buckets, per_question = per_type, False, frozenset()
     if try_buckets:
-        per_bucket = cross_validate(pf.name, fp, scored, folds, buckets=True)
-        result["held_out_per_bucket"] = per_bucket
-        buckets = sum(v["log_loss"] for v in per_bucket.values()) < sum(v["log_loss"] for v in per_type.values())
-    cal = fit(pf.name, fp, scored, buckets=buckets)
+        result["held_out_per_bucket"] = cross_validate(pf.name, fp, scored, folds, buckets=True)
+        if total_log_loss(result["held_out_per_bucket"]) < total_log_loss(per_type):
+            best, buckets = result["held_out_per_bucket"], True
+    if try_questions:
+        own = cross_validate(pf.name, fp, scored, folds, buckets=buckets, per_question=frozenset(best))
+        result["held_out_per_question"] = own
+        per_question = frozenset(t for t in best if own[t]["log_loss"] < best[t]["log_loss"])
+        best = {t: own[t] if t in per_question else m for t, m in best.items()}
+    cal = fit(pf.name, fp, scored, buckets=buckets, per_question=per_question)
     cal.notes = {
         "items": len(items),
         "buckets_used": buckets,
+        "per_question_types": sorted(per_question),
         "raw": result["raw"],
-        "held_out": result["held_out_per_bucket" if buckets else "held_out_per_type"],
+        "held_out": best,
     }
     return cal, result
+
+
+def total_log_loss(by_type: dict) -> float:
+    return sum(v["log_loss"] for v in by_type.values())
