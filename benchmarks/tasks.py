@@ -773,29 +773,33 @@ def phrasing_table(rows: list[dict], served: dict) -> dict:
 
 
 def own_calibration(rows: list[dict], served: dict, per_question: bool) -> list[list[float]]:
-    """The served answers calibrated as `prefill calibrate` fits it on a user's labelled rows (per type: a
-    temperature, with a yes-bias for yes/no; `per_question`: each phrasing then its own correction,
+    """The served answers calibrated as `prefill calibrate` fits it on a user's labelled rows (`evaluate.fit`:
+    per type, a temperature and for yes/no a yes-bias; `per_question`: each phrasing then its own correction,
     `--per-question`), two-fold by text: half the texts fit it, the other half are answered, then the other way
     round. Returned in the order of `rows`."""
     from prefill.engine import softmax
-    from prefill.evaluation.calibration import Calibration
+    from prefill.evaluation.evaluate import LabelledAnswer, calibrated, fit
 
+    answers = [
+        LabelledAnswer(
+            r["type"],
+            softmax(scores_under(r, served[r["type"]])),
+            r["gold"],
+            [str(k) for k in range(len(r["readouts"]["whole"]))],
+            r["item"],
+            f"{r['task']}|{r['qid']}",
+        )
+        for r in rows
+    ]
     texts = sorted({(r["task"], r["item"]) for r in rows})
-    out: dict[int, list[float]] = {}
+    out: list[list[float]] = [[] for _ in rows]
     for fit_half in (set(texts[0::2]), set(texts[1::2])):
-        fit = [(i, r, softmax(scores_under(r, served[r["type"]]))) for i, r in enumerate(rows)]
-        by_type: dict[str, list] = {}
-        by_question: dict[str, tuple[str, list[str], list]] = {}
-        for _, r, p in fit:
-            if (r["task"], r["item"]) in fit_half:
-                by_type.setdefault(r["type"], []).append((p, r["gold"]))
-                key = f"{r['task']}|{r['qid']}"
-                by_question.setdefault(key, (r["type"], [str(k) for k in range(len(p))], []))[2].append((p, r["gold"]))
-        cal = Calibration.fit("", "", by_type, by_question=by_question if per_question else None)
-        for i, r, p in fit:
-            if (r["task"], r["item"]) not in fit_half:
-                out[i] = cal.apply(r["type"], p, f"{r['task']}|{r['qid']}", [str(k) for k in range(len(p))])
-    return [out[i] for i in range(len(rows))]
+        in_half = [(r["task"], r["item"]) in fit_half for r in rows]
+        cal = fit("", "", [a for a, f in zip(answers, in_half) if f], per_question=served if per_question else ())
+        for i, (a, f) in enumerate(zip(answers, in_half)):
+            if not f:
+                out[i] = calibrated(cal, a)
+    return out
 
 
 def own_calibration_table(rows: list[dict], served: dict) -> dict:

@@ -150,7 +150,7 @@ def fit_question(
     import torch
 
     x = torch.tensor([[math.log(max(v, 1e-300)) for v in p] for p, _ in preds], dtype=torch.float64)
-    gold = torch.tensor([g if isinstance(g, int) else max(range(len(g)), key=g.__getitem__) for _, g in preds])
+    gold = torch.tensor([g for _, g in preds])
     log_a = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_a, b], max_iter=200, line_search_fn="strong_wolfe")
@@ -249,8 +249,7 @@ class Calibration:
         return {"temperature": round(t_type * t_q, 4), "bias": dict(zip(labels, (round(b, 4) for b in b_q)))}
 
     def apply(self, qtype: str, p: Sequence[float], key: str | None = None, labels: Sequence[str] = ()) -> list[float]:
-        if key not in self.by_question:
-            return rescale(p, self.temperature(qtype, len(p)), self.bias.get(qtype, 0.0))
+        """`adjust` on probabilities (log p differs from the log-likelihoods by a constant), normalised."""
         return _normalised(self.adjust(qtype, [math.log(max(x, 1e-300)) for x in p], key, labels))
 
     def parameters(self) -> dict:
