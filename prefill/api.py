@@ -25,7 +25,7 @@ from .evaluation.calibration import Calibration, shipped
 from .heads.head import Heads
 from .schema import Answer, AnyQuestion, Choice, Noul, Score
 from .scoring import DEFAULT as DEFAULT_SCORING
-from .scoring import Scoring
+from .scoring import Scoring, ways_asked
 from .settings import Settings
 
 LORA_CANNOT_SHARE = (
@@ -138,7 +138,7 @@ class Prefill:
 def scoring_for(backend, asked: Mapping[str, str | Scoring] | None) -> dict[str, Scoring]:
     """The training-free scoring per question type: the defaults (scoring.py), those asked over them. The
     encoder route scores its slots as they are (whole options; no prior unless a correction is asked)."""
-    asked_ways = {t: w if isinstance(w, Scoring) else Scoring.parse(w) for t, w in (asked or {}).items()}
+    asked_ways = ways_asked(asked)
     if backend.route == "encoder":
         if any(w.tokens != "whole" for w in asked_ways.values()):
             raise ValueError("the encoder route scores whole options: only a correction can be chosen (whole+pmi)")

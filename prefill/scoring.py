@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .render import Branches
@@ -91,6 +91,19 @@ class Scoring:
 # PMI is what turns that ranking into right answers at a 0.5 threshold; it also costs one content-free pass
 # per new question where contextual costs three.
 DEFAULT = {"noul": Scoring("whole", "pmi"), "choice": Scoring("whole", "pmi"), "score": Scoring("whole", "pmi")}
+
+
+def ways_asked(asked: Mapping[str, str | Scoring] | None) -> dict[str, Scoring]:
+    """{question type: Scoring} from what a user asked, by the command line (--scoring TYPE=WAY) or in Python
+    (`Prefill(scoring={"all": "whole"})`): `all` sets every type and a type named after it wins. A type that
+    is not one raises ValueError, so a misspelt key is refused rather than silently ignored."""
+    ways: dict[str, Scoring] = {}
+    for qtype, way in sorted((asked or {}).items(), key=lambda kv: kv[0] != "all"):
+        if qtype not in (*DEFAULT, "all"):
+            raise ValueError(f"scoring is set per question type: {', '.join(DEFAULT)} or all, not {qtype!r}")
+        parsed = way if isinstance(way, Scoring) else Scoring.parse(way)
+        ways.update(dict.fromkeys(DEFAULT if qtype == "all" else (qtype,), parsed))
+    return ways
 
 
 def log_normalised(scores: Sequence[float]) -> list[float]:

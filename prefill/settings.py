@@ -42,18 +42,15 @@ def readout_options(values: list[str]) -> tuple[tuple[str | None, str], ...]:
 def scoring_options(values: list[str]) -> dict[str, str] | None:
     """--scoring TYPE=WAY values as {type: way}; `all` sets every type, later values win. A bad one raises
     ValueError, which the command line reports as a usage error."""
-    from .scoring import Scoring
+    from .scoring import ways_asked
 
     out: dict[str, str] = {}
     for value in values:
         qtype, sep, way = value.partition("=")
         try:
-            if not sep or qtype not in ("noul", "choice", "score", "all"):
-                raise ValueError("TYPE must be noul, choice, score or all")
-            Scoring.parse(way)
+            out.update(dict.fromkeys(ways_asked({qtype: way} if sep else {"": way}), way))
         except ValueError as e:
             raise ValueError(f"--scoring takes TYPE=TOKENS[+CORRECTION], not {value!r}: {e}") from None
-        out.update(dict.fromkeys(("noul", "choice", "score") if qtype == "all" else (qtype,), way))
     return out or None
 
 
@@ -250,6 +247,26 @@ class Settings:
             type=float,
         ),
     )
+
+    def __post_init__(self) -> None:
+        """The checks the command line makes, for settings built in Python (`Prefill(facts="off", ...)`), so a
+        value the command line would refuse is refused here too, before the model loads, not ignored: the
+        command-line forms of on/off switches and `calibration="none"` are read as there."""
+        for f in dataclasses.fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if meta["parse"] is on_off:
+                if value in ("on", "off"):
+                    object.__setattr__(self, f.name, on_off(value))
+                elif not isinstance(value, bool):
+                    raise ValueError(f"{f.name} is True or False (on/off on the command line), not {value!r}")
+            elif value is not None and value not in meta["argparse"].get("choices", (value,)):
+                raise ValueError(f"{f.name} must be one of {', '.join(meta['argparse']['choices'])}, not {value!r}")
+        if self.calibration == "none":
+            object.__setattr__(self, "calibration", None)
+        if self.scoring is not None:
+            from .scoring import ways_asked
+
+            ways_asked(self.scoring)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -9,11 +9,14 @@ import math
 import pytest
 import torch
 
+from prefill.api import Prefill
 from prefill.engine import Engine, softmax
 from prefill.schema import Choice, Noul
 from prefill.scoring import CONTENT_FREE, TOKEN_RULES, Scoring
+from prefill.settings import Settings
 
 from .conftest import RAW, make_backend
+from .test_cli import model_dir  # noqa: F401 — the fixture
 from .test_exactness import QUESTIONS, STATE, TOL
 from .test_readout import assert_invariances
 
@@ -114,3 +117,32 @@ def test_scoring_names_parse_and_bad_ones_are_refused():
         Scoring.parse("last")
     with pytest.raises(ValueError):
         Scoring.parse("whole+magic")
+
+
+def test_python_scoring_keys_are_read_as_the_command_line_reads_them(model_dir):  # noqa: F811
+    """`Prefill(scoring={"all": ...})` set no type at all until 2026-12-04 ("all" was a key no one read), and a
+    misspelt type was ignored the same way: the answers stayed PMI's with no word said."""
+    pf = Prefill(str(model_dir), scoring={"all": "whole", "score": "first"}, calibration=None, facts=False)
+    assert pf.engine.scoring == {**RAW, "score": Scoring("first")}
+    state, q = "Order #1 was charged twice.", Choice("Which team?", ["Billing", "Technical support"])
+    plain = Engine(pf.backend, scoring=RAW, use_facts=False).ask(state, {"q": q})[0]["q"]
+    pmi = Engine(pf.backend, use_facts=False).ask(state, {"q": q})[0]["q"]
+    assert pf.ask(state, q).probabilities == plain.probabilities != pmi.probabilities
+    with pytest.raises(ValueError, match="noul, choice, score or all, not 'chioce'"):
+        Prefill(str(model_dir), scoring={"chioce": "whole"})
+
+
+def test_python_settings_are_checked_as_the_command_line_checks_them():
+    """Built in Python, `Settings` refuses what the command line refuses (before any model loads) and reads
+    the command line's own forms: `facts="off"` was a true string, so the fact pass stayed on."""
+    assert Settings(facts="off").facts is False and Settings(calibration="none").calibration is None
+    assert Settings(facts=False, system="on").system is True
+    for bad, says in (
+        ({"facts": "no"}, "facts is True or False"),
+        ({"route": "Encoder"}, "route must be one of auto, decoder, encoder"),
+        ({"dtype": "bf16"}, "dtype must be one of auto, float32, bfloat16"),
+        ({"scoring": {"choise": "whole"}}, "not 'choise'"),
+        ({"scoring": {"all": "last"}}, "the token rule must be one of"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            Settings(**bad)
