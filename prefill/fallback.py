@@ -60,7 +60,25 @@ def is_unscored(probs: list[float]) -> bool:
 
 
 class FallbackError(RuntimeError):
-    """The fallback gave no usable answer (down, slow, an error status, or an answer nobody declared)."""
+    """The fallback gave no usable answer; `kind` says how: "down" (no connection), "timeout", "status" (an
+    error status: a refusal, an overload, a crash) or "unparseable" (a reply that is not JSON, has no
+    message, or names no declared answer)."""
+
+    KINDS = ("down", "timeout", "status", "unparseable")
+
+    def __init__(self, message: str, kind: str = "unparseable"):
+        super().__init__(message)
+        self.kind = kind
+
+    def reason(self) -> str:
+        """How a journal records it: "kind: message" (`failure_kind` reads the kind back)."""
+        return f"{self.kind}: {self}"
+
+
+def failure_kind(reason: str) -> str:
+    """The kind of a `FallbackError.reason()`, or "other" for any other error text."""
+    kind = reason.split(":", 1)[0]
+    return kind if kind in FallbackError.KINDS else "other"
 
 
 class _Remote:
@@ -74,9 +92,10 @@ class _Remote:
         try:
             r = self.client.post(self.url + path, json=body)
         except httpx.HTTPError as e:
-            raise FallbackError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+            kind = "timeout" if isinstance(e, httpx.TimeoutException) else "down"
+            raise FallbackError(f"{self.url}{path}: {type(e).__name__}: {e}", kind) from e
         if r.status_code != 200:
-            raise FallbackError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
+            raise FallbackError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}", "status")
         try:
             return r.json()
         except ValueError as e:
@@ -86,7 +105,17 @@ class _Remote:
         self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
     ) -> tuple[dict[str, list[float]], int, list[str]]:
         """The distributions it could give (declared order; noul: yes, no), the tokens it reports, and no
-        early exits: the Engine's fallback interface. Questions it could not answer are left out."""
+        early exits: the Engine's fallback interface. Questions it could not answer are left out (logged)."""
+        out, tokens, failed = self.answers(state, questions, reference_date)
+        for qid, why in failed.items():
+            log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, why)
+        return out, tokens, []
+
+    def answers(
+        self, state: Any, questions: Mapping[str, AnyQuestion], reference_date: dt.date | None = None
+    ) -> tuple[dict[str, list[float]], int, dict[str, str]]:
+        """`probabilities` with why each question left out has no answer ({id: reason}), for callers that
+        count and retry them (`prefill distill`). A failure of the whole request raises FallbackError."""
         raise NotImplementedError
 
 
@@ -94,7 +123,7 @@ class SystemOneFallback(_Remote):
     def __init__(self, url: str, *, model: str | None = None, **kw: Any):
         super().__init__(url, model=model or "jev-latest", **kw)
 
-    def probabilities(self, state, questions, reference_date=None):
+    def answers(self, state, questions, reference_date=None):
         body = {
             "model": self.model,
             "state": state,
@@ -103,13 +132,13 @@ class SystemOneFallback(_Remote):
         if reference_date is not None:
             body["x_reference_date"] = reference_date.isoformat()
         reply = self._post("/v1/systemone", body)
-        answers, out = reply.get("answers") or {}, {}
+        answers, out, failed = reply.get("answers") or {}, {}, {}
         for qid, q in questions.items():
             try:
                 out[qid] = _distribution(q, answers[qid])
             except (KeyError, TypeError, ValueError) as e:
-                log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, e)
-        return out, int((reply.get("usage") or {}).get("input_tokens") or 0), []
+                failed[qid] = FallbackError(f"no usable answer: {type(e).__name__}: {e}").reason()
+        return out, int((reply.get("usage") or {}).get("input_tokens") or 0), failed
 
 
 def _distribution(q: AnyQuestion, answer: dict) -> list[float]:
@@ -133,15 +162,15 @@ class ChatFallback(_Remote):
         self.schema_ok = True  # cleared if the server refuses response_format
         self.logprobs_ok = True
 
-    def probabilities(self, state, questions, reference_date=None):
-        out, tokens = {}, 0
+    def answers(self, state, questions, reference_date=None):
+        out, tokens, failed = {}, 0, {}
         for qid, q in questions.items():
             try:
                 out[qid], used = self.ask(state, q, reference_date)
                 tokens += used
             except FallbackError as e:
-                log.warning("fallback %s: no usable answer for %r (%s)", self.url, qid, e)
-        return out, tokens, []
+                failed[qid] = e.reason()
+        return out, tokens, failed
 
     def ask(self, state: Any, q: AnyQuestion, reference_date: dt.date | None = None) -> tuple[list[float], int]:
         rendered = render_question(q)

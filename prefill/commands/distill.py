@@ -145,6 +145,12 @@ def summary(report: dict) -> str:
         f"{h['agreement']:.1%}, {speed:.1f}x the teacher's speed ({h['student_seconds_per_row']:.3f} vs "
         f"{t['seconds_per_row'] or 0:.3f} s a row); teacher failures: {t['failed_rows']} rows"
     ]
+    if t.get("unanswered_questions"):
+        kinds = ", ".join(f"{n} {kind}" for kind, n in t["unanswered_by_kind"].items())
+        lines.append(
+            f"  {t['unanswered_questions']} questions the teacher left unanswered ({kinds}): rerun the same "
+            "command to ask them again"
+        )
     if "student_accuracy" in h:
         lines.append(
             f"  gold ({h['gold_questions']} questions): student {h['student_accuracy']:.3f}, "

@@ -3,9 +3,10 @@ OpenAI-compatible endpoint, another System One server, or a bigger model through
 prefill (System One) on the user's own unlabelled rows.
 
 1. `teach`: the teacher answers every question about every row, several rows at a time for a remote
-   teacher, each failure retried and then recorded (never fatal), at most `rate` rows a second, into a
-   journal (`teacher.jsonl`) that a rerun continues. Its distributions are kept (logprobs where the server
-   gives them, else its choice as a one-hot: fallback.py).
+   teacher, each failure retried and then recorded with its kind (never fatal: a row's, or one question's
+   when a chat server times out or replies with no declared answer), at most `rate` rows a second, into a
+   journal (`teacher.jsonl`) that a rerun continues, asking only what is still unanswered. Its
+   distributions are kept (logprobs where the server gives them, else its choice as a one-hot: fallback.py).
 2. `train_student`: the student's head is trained on the teacher's distributions of the training rows (the
    head training of `prefill train`: training.train_heads; the decoder or the encoder route).
 3. `held_out_report`: on the held-out rows, agreement with the teacher's top answer, the student's log loss
@@ -101,20 +102,42 @@ class Journal:
             f.write(json.dumps(entry) + "\n")
 
 
-def ask_teacher(teacher, row: Row, questions: Mapping[str, AnyQuestion], retries: int) -> dict:
-    """The teacher's distributions for one row, retried with backoff; an error is recorded, not raised."""
-    started, error = time.perf_counter(), None
+def answers_of(teacher, state: Any, questions: Mapping[str, AnyQuestion]) -> tuple[dict, dict[str, str]]:
+    """The teacher's distributions and {question id: why} for those it gave none: a remote teacher says why
+    (fallback.FallbackError's kinds); a local prefill answers every question or raises."""
+    if hasattr(teacher, "answers"):
+        probs, _, failed = teacher.answers(state, questions)
+        return probs, failed
+    probs, _, _ = teacher.probabilities(state, questions)
+    return probs, {qid: "no answer" for qid in questions if qid not in probs}
+
+
+def ask_teacher(teacher, row: Row, questions: Mapping[str, AnyQuestion], retries: int, known=None) -> dict:
+    """The teacher's distributions for one row: the questions not in `known` (answered on an earlier run),
+    each unanswered one asked again up to `retries` times with backoff. Recorded, never raised: `failed`
+    has why each question still has no answer, and `error` why the row got none at all."""
+    started, probs, failed, error = time.perf_counter(), dict(known or {}), {}, None
     for attempt in range(retries + 1):
+        todo = {qid: q for qid, q in questions.items() if qid not in probs}
         try:
-            probs, _, _ = teacher.probabilities(row.state, questions)
-            seconds = time.perf_counter() - started
-            return {"row": row.index, "state": digest(row.state), "probs": probs, "error": None, "seconds": seconds}
+            got, failed = answers_of(teacher, row.state, todo)
+            probs.update(got)
+            error = None
         except Exception as e:  # noqa: BLE001 — a refusal, timeout or unparseable reply is counted, not fatal
             error = f"{type(e).__name__}: {e}"
-            if attempt < retries:
-                time.sleep(0.5 * 2**attempt)
+            failed = dict.fromkeys(todo, error)
+        if len(probs) == len(questions) or attempt == retries:
+            break
+        time.sleep(0.5 * 2**attempt)
     seconds = time.perf_counter() - started
-    return {"row": row.index, "state": digest(row.state), "probs": None, "error": error, "seconds": seconds}
+    entry = {"row": row.index, "state": digest(row.state), "probs": probs or None, "failed": failed}
+    return {**entry, "error": None if probs else error or "no question answered", "seconds": seconds}
+
+
+def unanswered(entry: dict | None, questions: Mapping[str, AnyQuestion]) -> list[str]:
+    """The questions a journal entry has no distribution for (all of them for a row never asked)."""
+    probs = (entry or {}).get("probs") or {}
+    return [qid for qid in questions if qid not in probs]
 
 
 def teach(
@@ -127,12 +150,12 @@ def teach(
     retries: int = 2,
     rate: float | None = None,
 ) -> dict[int, dict]:
-    """Every row the journal has no answer for yet (new rows, and rows that failed before), asked
-    `concurrency` at a time, at most `rate` rows a second; the journal's entries, old and new (the last per
-    row), for the rows as they are now (an entry for a row whose text has changed since is dropped and the
-    row asked again). `connect()` makes the teacher, called only when a row needs asking: retraining the
-    student on a finished journal (another --kind or --model) never loads a local teacher (the 1.5B: about
-    30 s and 6 GB) or opens a connection."""
+    """Every row the journal has no full answer for yet (new rows, rows that failed before, and rows with
+    questions left unanswered, of which only those are asked again), asked `concurrency` at a time, at most
+    `rate` rows a second; the journal's entries, old and new (the last per row), for the rows as they are now
+    (an entry for a row whose text has changed since is dropped and the row asked again). `connect()` makes
+    the teacher, called only when a row needs asking: retraining the student on a finished journal (another
+    --kind or --model) never loads a local teacher (the 1.5B: about 30 s and 6 GB) or opens a connection."""
     from tqdm import tqdm
 
     current = {r.index: digest(r.state) for r in rows}
@@ -140,8 +163,8 @@ def teach(
     def kept() -> dict[int, dict]:
         return {i: e for i, e in journal.entries().items() if e.get("state", current.get(i)) == current.get(i)}
 
-    done = {i for i, e in kept().items() if not e["error"]}
-    pending = [r for r in rows if r.index not in done]
+    before = kept()
+    pending = [r for r in rows if unanswered(before.get(r.index), questions)]
     gap = 1.0 / rate if rate else 0.0
     teacher = connect() if pending else None
     with (
@@ -150,7 +173,8 @@ def teach(
     ):
         futures = []
         for row in pending:
-            futures.append(pool.submit(ask_teacher, teacher, row, questions, retries))
+            known = (before.get(row.index) or {}).get("probs")
+            futures.append(pool.submit(ask_teacher, teacher, row, questions, retries, known))
             time.sleep(gap)
         for future in as_completed(futures):
             journal.append(future.result())
@@ -159,18 +183,28 @@ def teach(
 
 
 def teacher_summary(entries: Mapping[int, dict], questions: Mapping[str, AnyQuestion]) -> dict:
-    """Rows taught, rows failed (with the most common errors) and questions left unanswered."""
+    """Rows taught, rows that got no answer at all, questions left unanswered by kind (fallback.FallbackError's:
+    down, timeout, status, unparseable; other), and the most common reasons."""
+    from ..fallback import failure_kind
+
     failed = [e for e in entries.values() if e["error"]]
     answered = [e for e in entries.values() if not e["error"]]
-    missing = sum(len(questions) - len(e["probs"]) for e in answered)
+    reasons = [
+        (e.get("failed") or {}).get(qid) or e["error"] or "no answer"
+        for e in entries.values()
+        for qid in unanswered(e, questions)
+    ]
+    kinds: dict[str, int] = {}
     errors: dict[str, int] = {}
-    for e in failed:
-        errors[e["error"][:120]] = errors.get(e["error"][:120], 0) + 1
+    for why in reasons:
+        kinds[failure_kind(why)] = kinds.get(failure_kind(why), 0) + 1
+        errors[why[:120]] = errors.get(why[:120], 0) + 1
     seconds = [e["seconds"] for e in answered]
     return {
         "rows": len(entries),
         "failed_rows": len(failed),
-        "unanswered_questions": missing,
+        "unanswered_questions": len(reasons),
+        "unanswered_by_kind": dict(sorted(kinds.items())),
         "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
         "seconds_per_row": sum(seconds) / len(seconds) if seconds else None,
     }
