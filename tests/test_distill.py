@@ -417,3 +417,12 @@ def test_distill_from_llama_cpps_server_on_the_default_gguf(model_dirs, tmp_path
         for probs in entry["probs"].values():
             assert abs(sum(probs) - 1) < 1e-6 and not is_unscored(probs)  # the model's own distribution
     assert report["held_out"]["questions"] == 4
+
+
+def test_a_teacher_that_is_down_is_said_with_its_reason_and_the_job_can_be_rerun(model_dirs, tmp_path):
+    write_inputs(tmp_path)
+    teacher = ["--teacher", "http://127.0.0.1:9", "--teacher-kind", "openai", "--teacher-model", "x"]
+    run = run_distill(tmp_path, *teacher, "--retries", "0", "--model", str(model_dirs[1]), "--out", str(tmp_path / "h"))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "answered none of the training rows (60 down; the most common: down: http://127.0.0.1:9" in run.stderr
+    assert "rerun the same command" in run.stderr and len((tmp_path / "h" / "teacher.jsonl").read_text().split()) > 30

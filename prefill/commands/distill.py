@@ -105,7 +105,14 @@ def run(settings: Settings, args) -> int:
     train_rows, held = distill.split(rows, args.holdout, args.seed)
     items, targets = distill.student_items(train_rows, entries, questions)
     if not items:
-        print("prefill distill: the teacher answered none of the training rows (see teacher.jsonl)", file=sys.stderr)
+        t = distill.teacher_summary(entries, questions)
+        kinds = ", ".join(f"{n} {kind}" for kind, n in t["unanswered_by_kind"].items())
+        why = f" ({kinds}; the most common: {next(iter(t['errors']))})" if t["errors"] else ""
+        print(
+            f"prefill distill: the teacher answered none of the training rows{why}; rerun the same command "
+            f"once it answers (nothing asked is lost: {journal.path})",
+            file=sys.stderr,
+        )
         return 1
     student = build_prefill(settings.replace(readouts=(), fallback_below=None), "distill")
     layers = training.default_layers(student.backend.depth, 1, 0)
