@@ -23,7 +23,7 @@ from .backends.vllm_lm import NO_READOUTS
 from .engine import Engine
 from .evaluation.calibration import Calibration, shipped
 from .heads.head import Heads
-from .schema import Answer, AnyQuestion, Choice, Noul, Score
+from .schema import Answer, AnyQuestion, Choice, Noul, Score, wire_questions
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring, ways_asked
 from .settings import Settings
@@ -128,11 +128,25 @@ class Prefill:
     def ask(self, state: Any, questions: Mapping[str, AnyQuestion]) -> dict[str, Answer]: ...
 
     def ask(self, state, questions, reference_date: dt.date | None = None):
-        """Answers for a mapping of id → question, or the one answer for a single question.
-        `reference_date`: "today" for date questions (else the date the state gives, if any)."""
+        """Answers for a mapping of id → question, or the one answer for a single question. A question in
+        the mapping may be an object or its wire form (`{"type": "noul", "instructions": ...}`, as a
+        request or `--questions` has it). `reference_date`: "today" for date questions (else the date the
+        state gives, if any)."""
         if isinstance(questions, (Noul, Choice, Score)):
             return self.engine.ask(state, {"q": questions}, reference_date)[0]["q"]
-        return self.engine.ask(state, questions, reference_date)[0]
+        return self.engine.ask(state, as_questions(questions), reference_date)[0]
+
+
+def as_questions(questions: Any) -> dict[str, AnyQuestion]:
+    """{id: question} from what `Prefill.ask` takes: question objects, or their wire form, validated by the
+    request's rules; anything else is a TypeError that says what is taken."""
+    if not isinstance(questions, Mapping):
+        raise TypeError(
+            "questions: a Noul, Choice or Score, or a mapping of id -> question (an object or its wire form), "
+            f"not {type(questions).__name__}"
+        )
+    wire = {qid: q for qid, q in questions.items() if not isinstance(q, (Noul, Choice, Score))}
+    return {**questions, **wire_questions(wire)} if wire else dict(questions)
 
 
 def scoring_for(backend, asked: Mapping[str, str | Scoring] | None) -> dict[str, Scoring]:

@@ -52,6 +52,9 @@ class Noul(_Question):
 def _choice_criteria(value: Any) -> Any:
     # The Python API also takes a list of option names; the wire form is always a mapping.
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        twice = sorted({v for v in value if value.count(v) > 1})
+        if twice:
+            raise ValueError(f"a choice's options must be distinct: {', '.join(map(repr, twice))} given twice")
         return {v: None for v in value}
     return value
 

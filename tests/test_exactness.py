@@ -288,3 +288,22 @@ def test_batched_mask_keeps_requests_apart(tiny_model, tokenizer):
     finally:
         causal_lm.CausalLMBackend._tree_pass = real
     assert max(abs(a - b) for a, b in zip(exact[1][0], leaked[1][0])) > 1e-2
+
+
+def test_the_python_api_takes_questions_as_objects_or_in_their_wire_form(tiny_model, tokenizer):
+    """`Prefill.ask` with a request's own JSON for a question answers exactly as with the object; what it
+    cannot take is a TypeError or ValueError that says what it takes, not an AttributeError from inside."""
+    from prefill.api import Prefill
+
+    pf = Prefill.from_backend(make_backend(tiny_model, tokenizer), scoring=RAW, use_facts=False)
+    objects = {"team": Choice("Which team?", ["Billing", "Tech"]), "angry": Noul("Is the customer angry?")}
+    wire = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": None, "Tech": None}}}
+    mixed = pf.ask(STATE, {**wire, "angry": objects["angry"]})
+    assert list(mixed) == ["team", "angry"] and mixed == pf.ask(STATE, objects)
+    for bad in ("Is it?", [objects["angry"]]):
+        with pytest.raises(TypeError, match="a mapping of id -> question"):
+            pf.ask(STATE, bad)
+    with pytest.raises(ValueError, match="criteria must be an object"):  # the wire's own rule
+        pf.ask(STATE, {"team": {**wire["team"], "criteria": ["Billing", "Tech"]}})
+    with pytest.raises(ValueError, match="options must be distinct: 'Tech' given twice"):
+        Choice("Which team?", ["Tech", "Billing", "Tech"])
