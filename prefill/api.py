@@ -200,6 +200,12 @@ def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:
     }
 
 
+def check_calibration(choice: str | Path | None) -> None:
+    """A calibration file that is not there, said before anything loads."""
+    if choice not in (None, "auto") and not Path(choice).is_file():
+        raise ValueError(f"calibration {choice}: no such file (a file prefill calibrate wrote, auto or none)")
+
+
 def find_calibration(
     choice: str | Path | None, fingerprint: str, used: dict[str, str] | None = None
 ) -> Calibration | None:
@@ -220,6 +226,7 @@ def find_calibration(
             )
             return None
         return cal
+    check_calibration(choice)
     cal = Calibration.load(choice, fingerprint)
     if used is not None and not cal.fits(used):
         raise ValueError(f"{choice} was fitted with {cal.setup}, not this engine's {used}")

@@ -18,6 +18,7 @@ and pinned by sha256 like the Qwen parts.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import hashlib
 import importlib.util
 import os
@@ -294,6 +295,9 @@ def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
         return ModelSource("dir", str(path), _slug(path.name), _mtime_date(path))
     if spec.endswith(".gguf") or spec.startswith((".", "/", "~")):
         raise ModelNotFound(f"no model file or directory at {spec}")
+    near = difflib.get_close_matches(spec.lower(), [*EMBEDDED, *ARCHIVED, *ENCODERS], n=1, cutoff=0.7)
+    if near and "/" not in spec:  # a mistyped name, which the hub (offline, as here) would retry for a minute
+        raise ModelNotFound(f"no model {spec!r}: did you mean {near[0]}? (or a local directory, .gguf file, hub id)")
     return ModelSource("hub", spec, spec, dt.date.today().isoformat())
 
 

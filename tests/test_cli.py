@@ -82,8 +82,46 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     assert run.returncode == 2 and "no model file" in run.stderr and "Traceback" not in run.stderr
 
 
-def prefill(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefill.cli", *args], capture_output=True, text=True, timeout=600)
+def prefill(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefill.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_mistyped_model_name_is_said_at_once_not_asked_of_the_hub():
+    """Offline, a hub id is retried for about a minute before it fails; a name one typo from an embedded one
+    is not a hub id a user meant. Namespaced hub ids are left to the hub."""
+    run = ask("--model", "qwen2.5-coder-1.5b", "--state", "x", "--questions", '{"q": {"type": "noul"}}')
+    assert run.returncode == 2 and "did you mean qwen2.5-coder-1.5b-instruct?" in run.stderr
+    assert resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct").kind == "hub"
+
+
+def test_bad_labelled_data_and_a_missing_calibration_file_are_usage_errors(model_dir, tmp_path):
+    """Each said with its file and line (or the file), exit 2, no traceback, before any model loads."""
+    good = {"state": "x", "questions": {"q": {"type": "noul"}}, "gold": {"q": True}}
+    cases = {
+        "rows.jsonl": (json.dumps({"text": "a row to answer, not labelled"}), "rows.jsonl:1: no 'questions' field"),
+        "yes.jsonl": (json.dumps({**good, "gold": {"q": "yes"}}), "yes.jsonl:1: noul gold must be true or false"),
+        "text.jsonl": (json.dumps(good) + "\nnot json", "text.jsonl:2: Expecting value"),
+    }
+    for name, (text, _) in cases.items():
+        (tmp_path / name).write_text(text + "\n")
+    runs = [
+        (prefill("eval", str(tmp_path / "rows.jsonl"), "--model", str(model_dir)), cases["rows.jsonl"][1]),
+        (prefill("calibrate", str(tmp_path / "yes.jsonl"), "--model", str(model_dir)), cases["yes.jsonl"][1]),
+        (
+            prefill("train", str(tmp_path / "text.jsonl"), "--model", str(model_dir), "--out", str(tmp_path / "h")),
+            cases["text.jsonl"][1],
+        ),
+        (
+            prefill("record", str(tmp_path / "nope.jsonl"), "--model", str(model_dir), "--out", str(tmp_path / "r")),
+            "nope.jsonl: No such file or directory",
+        ),
+    ]
+    for flags in (["ask", "--state", "x", "--questions", '{"q": {"type": "noul"}}'], ["serve", "--port", "9"]):
+        # serve used to start, then fail in the background (a 503 on /health), not at start-up
+        run = prefill(*flags, "--model", str(model_dir), "--calibration", str(tmp_path / "cal.json"), timeout=120)
+        runs.append((run, "cal.json: no such file"))
+    for run, says in runs:
+        assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
 def test_record_train_and_serve_a_readout(model_dir, tmp_path):

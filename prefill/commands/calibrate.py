@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..settings import Settings
-from .common import build_prefill
+from .common import build_prefill, labelled_items
 
 HELP = "fit temperatures per question type (or per question) on labelled JSONL, saved tied to the model"
 
@@ -34,7 +34,7 @@ def run(settings: Settings, args) -> int:
     from ..evaluation import evaluate
     from ..loading import cache_dir
 
-    items = evaluate.load_jsonl(args.data)
+    items = labelled_items([args.data], "calibrate")
     pf = build_prefill(settings, "calibrate")
     scored = evaluate.score_uncalibrated(
         pf, items, facts=False

@@ -24,6 +24,18 @@ def read_arg(value: str, as_json: bool) -> object:
     return json.loads(value) if as_json else value
 
 
+def labelled_items(paths: list[str], command: str) -> list:
+    """The labelled JSONL files' items (evaluate.load_jsonl), read before any model loads; a file that is
+    not there or a line that is not a labelled item is a usage error naming the file and line."""
+    from ..evaluation import evaluate
+
+    try:
+        return [item for path in paths for item in evaluate.load_jsonl(path)]
+    except ValueError as e:
+        print(f"prefill {command}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def has_adapter(path: str) -> bool:
     from ..heads.head import Heads
 
@@ -38,12 +50,19 @@ def build_prefill(settings: Settings, command: str):
     it reads. Elsewhere than serve, and for a LoRA readout (which changes the weights), the one readout is
     the engine; `prefill serve` adds its readouts beside the base (commands/serve.py)."""
     from ..api import Prefill
+    from ..loading import ModelNotFound
 
     readouts = settings.readouts
     if len(readouts) > 1 and command != "serve":
         usage_error(f"prefill {command} takes one --readout (prefill serve takes several)")
     first = readouts[0] if readouts and (command != "serve" or has_adapter(readouts[0][1])) else None
-    pf = Prefill(settings=settings.replace(readouts=(first,) if first else ()))
+    try:
+        pf = Prefill(settings=settings.replace(readouts=(first,) if first else ()))
+    except (ModelNotFound, ValueError) as e:  # a model, readout or calibration that cannot be had, said plainly
+        if command == "serve":  # loading in the background: reported on /health (serve checks at start-up)
+            raise
+        print(f"prefill {command}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if first and first[0]:
         pf.engine.served_as = first[0]
         pf.engines = {pf.engine.name: pf.engine}

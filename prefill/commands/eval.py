@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .common import build_prefill
+from .common import build_prefill, labelled_items
 
 HELP = "evaluate on labelled JSONL: accuracy, F1, log loss, Brier, ECE, RPS, reliability PNG"
 
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args) -> int:
     from ..evaluation import evaluate
 
-    items = evaluate.load_jsonl(args.data)
+    items = labelled_items([args.data], "eval")
     pf = build_prefill(settings, "eval")
     if args.generate and not pf.backend.generates:
         print("prefill eval: --generate needs a model that generates (the decoder route)", file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .common import build_prefill
+from .common import build_prefill, labelled_items
 
 HELP = "answer labelled JSONL and write {request, response} lines (a teacher for prefill train)"
 
@@ -22,13 +22,13 @@ def run(settings: Settings, args) -> int:
     """The same lines any System One server's logs would give: what prefill train reads as a teacher."""
     from tqdm import tqdm
 
-    from ..evaluation import evaluate
     from ..schema import SystemOneResponse
 
+    items = labelled_items([args.data], "record")
     pf = build_prefill(settings, "record")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
-        for item in tqdm(evaluate.load_jsonl(args.data), desc="recording", unit="item", file=sys.stderr):
+        for item in tqdm(items, desc="recording", unit="item", file=sys.stderr):
             answers, usage = pf.engine.ask(item.state, item.questions, item.reference_date)
             request = {
                 "model": pf.name,

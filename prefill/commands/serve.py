@@ -164,12 +164,13 @@ def engines(settings: Settings, default_model: str | None):
 
 def check(settings: Settings, args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
-    from ..api import LORA_CANNOT_SHARE
+    from ..api import LORA_CANNOT_SHARE, check_calibration
     from ..fallback import check_remote
     from ..heads.head import Heads
 
     if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
         raise ValueError("--max-replicas M needs --replicas N with 0 < N <= M (N: the fewest replicas)")
+    check_calibration(settings.calibration)
     for _, path in settings.readouts:
         if not Path(path).exists():
             raise ValueError(f"--readout {path}: no such file or folder")

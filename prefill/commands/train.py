@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..backends.base import ReadoutUnsupported
 from ..settings import Settings
-from .common import add_kind_argument, build_prefill
+from .common import add_kind_argument, build_prefill, labelled_items
 
 HELP = "train readout heads on the frozen model, distilled from a teacher (RLCD)"
 # Where a head on the encoder route may serve better, and where the numbers are: README "Encoder route vs
@@ -76,16 +76,15 @@ def _fail(message: str) -> int:
 
 
 def _train(settings: Settings, args) -> int:
-    from ..evaluation import evaluate
     from ..heads import lora, training
 
     if args.kind == "lora" and settings.dtype is None:
         settings = settings.replace(
             dtype="float32"
         )  # a LoRA's gradients flow through the base weights: fp32 unless asked
-    pf = build_prefill(settings, "train")
     excluded = {f for f in args.exclude_families.split(",") if f}
-    items = [it for path in args.data for it in evaluate.load_jsonl(path) if it.family not in excluded]
+    items = [it for it in labelled_items(args.data, "train") if it.family not in excluded]
+    pf = build_prefill(settings, "train")
     teacher: dict = {}
     for path in args.teacher:
         teacher.update(training.read_records(path))

@@ -47,21 +47,48 @@ class Item:
 
 
 def load_jsonl(path: str | Path) -> list[Item]:
+    """Labelled items, one JSON object a line: {"state", "questions" (the wire form), "gold" ({id: answer}),
+    "reference_date"?, "family"?}. Anything else is a ValueError naming the file and line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
     items = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        questions = parse_questions(row["questions"])
-        gold = row["gold"]
-        missing = set(questions) - set(gold)
-        if missing:
-            raise ValueError(f"{path}:{n}: no gold answer for {sorted(missing)}")
-        for qid, q in questions.items():
-            gold_index(q, gold[qid])  # validates
-        today = dt.date.fromisoformat(row["reference_date"]) if row.get("reference_date") else None
-        items.append(Item(row["state"], questions, {k: gold[k] for k in questions}, today, row.get("family", "")))
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                items.append(_labelled_item(json.loads(line)))
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}:{n}: {_why(e)} (a labelled line is {LABELLED_LINE})") from None
     return items
+
+
+LABELLED_LINE = '{"state": ..., "questions": {id: question}, "gold": {id: answer}}'
+
+
+def _why(e: Exception) -> str:
+    """One line for a bad labelled line: the missing field, pydantic's first error with where it is, or
+    the message."""
+    if isinstance(e, KeyError):
+        return f"no {e} field"
+    if hasattr(e, "errors"):  # pydantic's ValidationError
+        first = e.errors()[0]
+        return f"questions: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+    return str(e)
+
+
+def _labelled_item(row: Any) -> Item:
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    questions = parse_questions(row["questions"])
+    gold = row["gold"]
+    missing = set(questions) - set(gold)
+    if missing:
+        raise ValueError(f"no gold answer for {sorted(missing)}")
+    for qid, q in questions.items():
+        gold_index(q, gold[qid])  # validates
+    today = dt.date.fromisoformat(row["reference_date"]) if row.get("reference_date") else None
+    return Item(row["state"], questions, {k: gold[k] for k in questions}, today, row.get("family", ""))
 
 
 def parse_questions(raw: dict) -> dict[str, AnyQuestion]:
