@@ -106,8 +106,7 @@ def run(settings: Settings, args) -> int:
     items, targets = distill.student_items(train_rows, entries, questions)
     if not items:
         t = distill.teacher_summary(entries, questions)
-        kinds = ", ".join(f"{n} {kind}" for kind, n in t["unanswered_by_kind"].items())
-        why = f" ({kinds}; the most common: {next(iter(t['errors']))})" if t["errors"] else ""
+        why = f" ({unanswered_kinds(t)}; the most common: {next(iter(t['errors']))})" if t["errors"] else ""
         print(
             f"prefill distill: the teacher answered none of the training rows{why}; rerun the same command "
             f"once it answers (nothing asked is lost: {journal.path})",
@@ -142,6 +141,11 @@ def run(settings: Settings, args) -> int:
     return 0
 
 
+def unanswered_kinds(teacher_answers: dict) -> str:
+    """ "3 timeout, 1 unparseable": the questions the teacher left unanswered, by kind."""
+    return ", ".join(f"{n} {kind}" for kind, n in teacher_answers["unanswered_by_kind"].items())
+
+
 def summary(report: dict) -> str:
     h, t = report["held_out"], report["teacher_answers"]
     if not h.get("questions"):
@@ -153,10 +157,9 @@ def summary(report: dict) -> str:
         f"{t['seconds_per_row'] or 0:.3f} s a row); teacher failures: {t['failed_rows']} rows"
     ]
     if t.get("unanswered_questions"):
-        kinds = ", ".join(f"{n} {kind}" for kind, n in t["unanswered_by_kind"].items())
         lines.append(
-            f"  {t['unanswered_questions']} questions the teacher left unanswered ({kinds}): rerun the same "
-            "command to ask them again"
+            f"  {t['unanswered_questions']} questions the teacher left unanswered ({unanswered_kinds(t)}): rerun "
+            "the same command to ask them again"
         )
     if "student_accuracy" in h:
         lines.append(
