@@ -105,13 +105,7 @@ def run(settings: Settings, args) -> int:
     train_rows, held = distill.split(rows, args.holdout, args.seed)
     items, targets = distill.student_items(train_rows, entries, questions)
     if not items:
-        t = distill.teacher_summary(entries, questions)
-        why = f" ({unanswered_kinds(t)}; the most common: {next(iter(t['errors']))})" if t["errors"] else ""
-        print(
-            f"prefill distill: the teacher answered none of the training rows{why}; rerun the same command "
-            f"once it answers (nothing asked is lost: {journal.path})",
-            file=sys.stderr,
-        )
+        print(nothing_taught(distill.teacher_summary(entries, questions), journal.path), file=sys.stderr)
         return 1
     student = build_prefill(settings.replace(readouts=(), fallback_below=None), "distill")
     layers = training.default_layers(student.backend.depth, 1, 0)
@@ -139,6 +133,16 @@ def run(settings: Settings, args) -> int:
     print(summary(report), file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def nothing_taught(teacher_answers: dict, journal: Path) -> str:
+    """What to say when the teacher answered none of the training rows: how it failed, and that a rerun goes on."""
+    t = teacher_answers
+    why = f" ({unanswered_kinds(t)}; the most common: {next(iter(t['errors']))})" if t["errors"] else ""
+    return (
+        f"prefill distill: the teacher answered none of the training rows{why}; rerun the same command once it "
+        f"answers (nothing asked is lost: {journal})"
+    )
 
 
 def unanswered_kinds(teacher_answers: dict) -> str:
