@@ -40,10 +40,6 @@ def plan(settings: Settings, dtype: str) -> tuple[loading.ModelSource, bool, str
 def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, dtype: str) -> Backend:
     import torch
 
-    if settings.route not in ("auto", "decoder", "encoder"):
-        raise ValueError(f"route must be auto, decoder or encoder, not {settings.route!r}")
-    if settings.backend not in ("torch", "vllm"):
-        raise ValueError(f"backend must be torch or vllm, not {settings.backend!r}")
     prompt = dict(
         chat=settings.chat, system=settings.system, noul_words=settings.noul_words, score_words=settings.score_words
     )
