@@ -162,3 +162,19 @@ def corrected(scores: Sequence[float], log_prior: Sequence[float], weight: float
     """score - λ·log p_cf. An answer impossible on every content-free state keeps its raw score (nothing to
     divide out), so a prior of 0 never turns into +inf."""
     return [s - weight * lp if math.isfinite(lp) else s for s, lp in zip(scores, log_prior)]
+
+
+def with_opposite(p_yes: float, p_opposite_yes: float) -> float:
+    """P(yes) for a yes/no question read together with the answer to its opposite about the same text ("Is
+    this review positive?" with "Is this review negative?"): the mean of the two log-odds for the question,
+    the opposite's negated. A lean both share (a model that says yes to both more often than the text
+    warrants) cancels; the evidence each carries adds. It helps only where the model reads both questions
+    the right way round: on the real-task suite the 1.5B's review verdicts go from 0.77-0.81 alone to
+    0.88-0.92 paired, while an opposite it reads backwards ("Is this a legitimate email, not spam?") drags
+    its pair to chance (README "Real tasks", `python -m benchmarks.tasks --report`)."""
+
+    def log_odds(p: float) -> float:
+        p = min(max(p, 1e-12), 1 - 1e-12)
+        return math.log(p / (1 - p))
+
+    return 1 / (1 + math.exp(-(log_odds(p_yes) - log_odds(p_opposite_yes)) / 2))

@@ -146,3 +146,16 @@ def test_python_settings_are_checked_as_the_command_line_checks_them():
     ):
         with pytest.raises(ValueError, match=says):
             Settings(**bad)
+
+
+def test_a_question_read_with_its_opposite():
+    """`with_opposite`: a lean the two answers share cancels, agreeing evidence adds, it is symmetric, and
+    certain answers stay finite."""
+    from prefill import with_opposite
+
+    assert abs(with_opposite(0.8, 0.8) - 0.5) < 1e-12  # yes to both: no evidence either way
+    assert abs(with_opposite(0.7, 0.3) - 0.7) < 1e-12  # the opposite agrees: the same answer
+    assert with_opposite(0.9, 0.6) > 0.5 > with_opposite(0.6, 0.9)  # more evidence for the question than against
+    assert abs(with_opposite(0.9, 0.6) + with_opposite(0.6, 0.9) - 1) < 1e-12
+    assert abs(with_opposite(0.99, 0.5) - 1 / (1 + 99**-0.5)) < 1e-12  # log-odds averaged, not probabilities
+    assert with_opposite(1.0, 0.0) > 0.999 and with_opposite(0.0, 1.0) < 0.001
