@@ -204,11 +204,14 @@ def shortest_messages(n: int = 2, min_chars: int = 60) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Phrasing:
-    """One question of a task, and the gold answer's index for a label (None: not asked for that label)."""
+    """One question of a task, and the gold answer's index for a label (None: not asked for that label).
+    `opposite`: for a yes/no question, the qid of the task's yes/no question that asks the opposite ("Is this
+    review positive?" and "... negative?"), read together by `--report` (`opposites_table`)."""
 
     qid: str
     question: dict
     gold: Callable[[object], int | None]
+    opposite: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,12 @@ LANGUAGE = Task(
             },
             lambda label: THREE.index(label) if label in THREE else None,
         ),
-        Phrasing("english", {"type": "noul", "instructions": "Is this text written in English?"}, yes_if("en")),
+        Phrasing(
+            "english",
+            {"type": "noul", "instructions": "Is this text written in English?"},
+            yes_if("en"),
+            opposite="foreign",
+        ),
         Phrasing(
             "foreign",
             {"type": "noul", "instructions": "Is this message in a language other than English?"},
@@ -301,6 +309,7 @@ DRUGS = Task(
             "satisfied",
             {"type": "noul", "instructions": "Is the patient satisfied with this drug?"},
             lambda label: {"positive": 0, "negative": 1}.get(label),
+            opposite="complaint",
         ),
         Phrasing(
             "complaint",
@@ -340,7 +349,7 @@ DRUGS = Task(
 
 def spam_phrasings(spam, ham) -> tuple[Phrasing, ...]:
     return (
-        Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(spam)),
+        Phrasing("spam", {"type": "noul", "instructions": "Is this email spam?"}, yes_if(spam), opposite="legit"),
         Phrasing("legit", {"type": "noul", "instructions": "Is this a legitimate email, not spam?"}, yes_if(ham)),
         Phrasing(
             "kind",
@@ -426,7 +435,7 @@ CONDITIONS = Task(
     unlabelled=other_condition_texts,
 )
 SENTIMENT = (
-    Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1)),
+    Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1), opposite="negative"),
     Phrasing("negative", {"type": "noul", "instructions": "Is this review negative?"}, yes_if(-1)),
     Phrasing(
         "sentiment",
@@ -452,6 +461,7 @@ FACTS = Task(
             "hedged",
             {"type": "noul", "instructions": "Does this sentence express uncertainty or speculation?"},
             yes_if(-1),
+            opposite="fact",
         ),
         Phrasing(
             "fact",
@@ -507,6 +517,14 @@ def items(task: Task, n: int, seed: int) -> list[tuple[str, list[Asked]]]:
         ]
         out.append((text, asked))
     return out
+
+
+def of_types(chosen: list[tuple[str, list[Asked]]], types: list[str] | None) -> list[tuple[str, list[Asked]]]:
+    """The texts with only their questions of the given types (all where None), texts left with none dropped."""
+    if types is None:
+        return chosen
+    kept = [(text, [a for a in asked if a.question["type"] in types]) for text, asked in chosen]
+    return [(text, asked) for text, asked in kept if asked]
 
 
 # ---------------------------------------------------------------- metrics
@@ -588,10 +606,11 @@ def run(args) -> None:
         "seed": args.seed,
         "fingerprint": loading.fingerprint(source),
         "tasks": names,
+        "types": args.types.split(","),
     }
     with open(out / "scores.jsonl", "w", encoding="utf-8") as f:
         for k, name in enumerate(names, 1):
-            its = items(TASKS[name], args.items, args.seed)
+            its = of_types(items(TASKS[name], args.items, args.seed), meta["types"])
             for row in score_items(backend, its, f"[{k}/{len(names)}] {name}"):
                 f.write(json.dumps(row) + "\n")
     (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -615,7 +634,7 @@ def generate(args) -> None:
     backend = CausalLMBackend(model, tokenizer, source.name)
     with open(out / "generated.jsonl", "w", encoding="utf-8") as f:
         for name in meta["tasks"]:
-            chosen = items(TASKS[name], meta["items"], meta["seed"])[: args.generate]
+            chosen = of_types(items(TASKS[name], meta["items"], meta["seed"]), meta.get("types"))[: args.generate]
             for text, asked in tqdm(chosen, desc=f"generating: {name}", unit="text", file=sys.stderr):
                 state = backend.renderer.state(text)
                 parsed = parse_questions({a.qid: a.question for a in asked})
@@ -741,8 +760,16 @@ def report(outs: list[Path]) -> dict:
                 eces[key].append(value)
         print(f"| mean | | | | | | {' | '.join(f'{mean(v):.3f}' for v in eces.values())} |")
         phrasings = phrasing_table(rows, served)
+        opposites = opposites_table(rows, served)
         own = own_calibration_table(rows, served)
-        result[str(out)] = {"meta": meta, "scorings": table, "served": detail, "phrasings": phrasings, "own": own}
+        result[str(out)] = {
+            "meta": meta,
+            "scorings": table,
+            "served": detail,
+            "phrasings": phrasings,
+            "opposites": opposites,
+            "own": own,
+        }
     runs = [load(out) for out in outs]
     if len(runs) > 1 and len({m["model"] for m, _ in runs}) == 1:
         print(f"\n## the {len(runs)} runs together, one calibration file for all their tasks")
@@ -769,6 +796,50 @@ def phrasing_table(rows: list[dict], served: dict) -> dict:
             leans = " / ".join(f"{mean([float(y) for y, r in zip(yes, prows) if r['gold'] == g]):.2f}" for g in (0, 1))
         out[f"{task}|{qid}"] = {"n": len(prows), "accuracy": dict(zip(("raw", "pmi*0.5", "served"), accs))}
         print(f"| {task} | {qid} | {qtype} | {len(prows)} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {leans} |")
+    return out
+
+
+def opposites_table(rows: list[dict], served: dict) -> dict:
+    """Each yes/no question asked with its opposite about the same text (a phrasing's `opposite`), read
+    together as logit p = (logit p_question - logit p_opposite) / 2: a lean towards yes (or no) that the two
+    share cancels, the evidence each carries adds. Served scoring; accuracy and AUC of each alone, then
+    paired (the pair's answer to the first question; the opposite's is its complement)."""
+    from prefill.scoring import with_opposite
+
+    opposite = {(t.name, p.qid): p.opposite for t in TASKS.values() for p in t.phrasings if p.opposite}
+    by_text = {(r["task"], r["item"], r["qid"]): r for r in rows}
+    print("\n| task | yes/no | its opposite | n | alone: accuracy / AUC | the opposite alone | paired |")
+    print("|---|---|---|---|---|---|---|")
+    out = {}
+    for (task, qid), other in opposite.items():
+        pairs = [
+            (r, by_text[(task, r["item"], other)])
+            for r in rows
+            if (r["task"], r["qid"]) == (task, qid) and (task, r["item"], other) in by_text
+        ]
+        pairs = [(a, b) for a, b in pairs if a["gold"] is not None and b["gold"] is not None]
+        if not pairs:
+            continue
+        firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+        p_first, p_second = (softmax_rows(rs, served["noul"]) for rs in (firsts, seconds))
+        paired = [with_opposite(a[0], b[0]) for a, b in zip(p_first, p_second)]
+        cells = {
+            "alone": task_metrics(firsts, p_first),
+            "opposite": task_metrics(seconds, p_second),
+            "paired": task_metrics(firsts, [[p, 1 - p] for p in paired]),
+        }
+        out[f"{task}|{qid}|{other}"] = {k: {"accuracy": m["accuracy"], "auc": m["auc"]} for k, m in cells.items()}
+        print(
+            f"| {task} | {qid} | {other} | {len(pairs)} | "
+            + " | ".join(f"{m['accuracy']:.2f} / {m['auc']:.2f}" for m in cells.values())
+            + " |"
+        )
+    if out:
+        print(
+            "| mean | | | | "
+            + " | ".join(f"{mean(v[k]['accuracy'] for v in out.values()):.3f}" for k in ("alone", "opposite", "paired"))
+            + " |"
+        )
     return out
 
 
@@ -917,6 +988,11 @@ def main() -> None:
     )
     ap.add_argument("--items", type=int, default=48, help="texts a task, as many of each label")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--types",
+        default="noul,choice,score",
+        help="comma-separated question types to ask (default all): a run about one type costs less",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")
     ap.add_argument("--compare", nargs="+", default=None, help="saved runs side by side, served scoring")
@@ -934,6 +1010,8 @@ def main() -> None:
         help="with --out of a saved run: the model generates its answers for the first N texts a task",
     )
     args = ap.parse_args()
+    if unknown := set(args.types.split(",")) - {"noul", "choice", "score"}:
+        ap.error(f"--types takes noul, choice and score, not {', '.join(sorted(unknown))}")
     if args.write_labelled:
         write_labelled(args.tasks.split(","), args.items, args.seed, Path(args.write_labelled))
     elif args.generate:

@@ -64,3 +64,34 @@ def test_the_reports_own_calibration_undoes_each_questions_lean():
         typed = task_metrics([rows[i] for i in mine], [per_type[i] for i in mine])["accuracy"]
         own = task_metrics([rows[i] for i in mine], [per_question[i] for i in mine])["accuracy"]
         assert typed < 0.7 < 0.8 < own
+
+
+def test_the_reports_opposites_cancel_a_lean_they_share():
+    """`--report`'s opposites table on rows made so: "Is this review positive?" and "... negative?" both carry
+    the review's evidence, the right way round, and both lean to yes. Alone each says yes to nearly every
+    review; read together the lean cancels and nearly every review is right."""
+    import random
+
+    from benchmarks.tasks import opposites_table
+    from prefill.scoring import DEFAULT
+
+    rng, rows = random.Random(0), []
+    for item in range(80):
+        positive = item % 2 == 0
+        evidence = (2.0 if positive else -2.0) + rng.gauss(0, 0.5)  # log-odds that the review is positive
+        for qid, sign in (("positive", 1.0), ("negative", -1.0)):
+            rows.append(
+                {
+                    "task": "fr_reviews",
+                    "qid": qid,
+                    "type": "noul",
+                    "item": item,
+                    "gold": 0 if positive == (qid == "positive") else 1,
+                    "readouts": {"whole": [sign * evidence + 3.0, 0.0]},  # yes minus no, leaning yes by 3
+                    "priors": {str(DEFAULT["noul"]): [0.0, 0.0]},
+                }
+            )
+    table = opposites_table(rows, dict(DEFAULT))["fr_reviews|positive|negative"]
+    assert table["alone"]["accuracy"] < 0.6 and table["opposite"]["accuracy"] < 0.6
+    assert table["alone"]["auc"] > 0.95  # each ranks the reviews right: it is the lean that is wrong
+    assert table["paired"]["accuracy"] > 0.95
