@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -25,7 +25,7 @@ from .heads.head import Heads
 from .render import Branches, render_text
 from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage, answer_labels
 from .scoring import DEFAULT as DEFAULT_SCORING
-from .scoring import PriorCache, Scoring, corrected
+from .scoring import PriorCache, Scoring, corrected, read_with_opposite, split_opposites
 
 # The API's documented limits: a request at most 64k tokens, and any one sequence a token sees (the state,
 # a question, an answer) at most 32k; both configurable, and the sequence never past the model's context.
@@ -79,20 +79,27 @@ class Scored:
 
 @dataclass
 class _Prepared:
-    """A request rendered for the model: its distinct question branches (`slot`: question id -> branch)."""
+    """A request rendered for the model: its questions' distinct branches (`slot`: question id -> branch; a
+    question's opposite under (qid, "opposite"), `pairs`)."""
 
     found: Scored
-    asked: dict[str, Any]
-    state_ids: Sequence[int]
-    branches: list[Branches]
-    qtypes: list[str]
-    slot: dict[str, int]
-    labels: list[list[str]] = field(default_factory=list)  # per branch, its answers' names (heads, calibration)
-    keys: list[str] = field(default_factory=list)  # per branch, its question's calibration key (by content)
+    questions: dict[str, AnyQuestion]  # those the model answers (not the fact pass)
+    state_ids: Sequence[int] = ()
+    branches: list[Branches] = field(default_factory=list)
+    qtypes: list[str] = field(default_factory=list)  # per branch
+    labels: list[list[str]] = field(default_factory=list)  # per branch, its answers' names (heads)
+    slot: dict[Any, int] = field(default_factory=dict)
+    pairs: dict[str, Any] = field(default_factory=dict)
 
-    def fill(self, per_branch: list[list[float]], exited: set[int]) -> None:
-        self.found.probs.update({qid: per_branch[self.slot[qid]] for qid in self.asked})
-        self.found.early_exit = [qid for qid in self.asked if self.slot[qid] in exited]
+    def fill(self, per_branch: list[list[float]], exited: set[int], finish: Callable) -> None:
+        """Each question's distribution, `finish(question, scores)`, from its branch's scores (log-scale),
+        read with its opposite's where it has one."""
+        for qid, q in self.questions.items():
+            scores = per_branch[self.slot[qid]]
+            if qid in self.pairs:
+                scores = read_with_opposite(scores, per_branch[self.slot[self.pairs[qid]]])
+            self.found.probs[qid] = finish(q, scores)
+        self.found.early_exit = [qid for qid in self.questions if self.slot[qid] in exited]
 
 
 @dataclass
@@ -217,14 +224,14 @@ class Engine:
         readouts run request by request."""
         out: list[Scored | Exception] = []
         todo: list[tuple[int, _Prepared]] = []
-        for state, questions, reference_date in requests:
+        for state, questions, reference_date in map(EngineRequest._make, requests):
             try:
                 prepared = self._prepare(state, questions, reference_date)
             except RequestTooLarge as e:
                 out.append(e)
                 continue
             out.append(prepared.found)
-            if prepared.asked:
+            if prepared.questions:
                 todo.append((len(out) - 1, prepared))
         if not todo:
             return out
@@ -232,11 +239,11 @@ class Engine:
             if self.heads is None:
                 jobs = [(p.state_ids, p.branches, p.qtypes) for _, p in todo]
                 for (_, p), scores in zip(todo, self.scores_many(jobs)):
-                    p.fill([self._calibrated(*args) for args in zip(p.qtypes, scores, p.keys, p.labels)], set())
+                    p.fill(scores, set(), self._calibrated)
             else:
                 for i, p in todo:
                     try:
-                        p.fill(*self._read_heads(p.state_ids, p.branches, p.qtypes, p.labels))
+                        p.fill(*self._read_heads(p.state_ids, p.branches, p.qtypes, p.labels), lambda q, s: softmax(s))
                     except ReadoutUnsupported as e:
                         out[i] = e
         return out
@@ -252,25 +259,25 @@ class Engine:
                 if exact is not None:
                     probs[qid] = exact
         found = Scored(probs, 0, [], list(probs))
-        asked = {qid: q for qid, q in questions.items() if qid not in probs}
-        if not asked:
-            return _Prepared(found, asked, [], [], [], {})
+        questions = {qid: q for qid, q in questions.items() if qid not in probs}
+        if not questions:
+            return _Prepared(found, questions)
         renderer = self.backend.renderer
         state_ids = renderer.state(state)
+        asked, pairs = split_opposites(questions)
         unique: dict[Branches, int] = {}  # identical questions are scored once, and so answered alike
-        slot, qtypes, labels, keys = {}, [], [], []
-        per_question = self.calibration is not None and self.calibration.by_question
+        slot, qtypes, labels = {}, [], []
         for qid, q in asked.items():
             slot[qid] = unique.setdefault(renderer.question(q), len(unique))
             if slot[qid] == len(qtypes):
                 qtypes.append(q.type)
                 labels.append(answer_labels(q))
-                keys.append(question_key(q) if per_question else "")
         branches = list(unique)
         found.n_tokens = self._check_limits(state_ids, branches)
         if self.backend.truncates:  # the encoder route cuts a state too long for its positions
-            found.truncated = [qid for qid in asked if self.backend.truncated(len(state_ids), branches[slot[qid]])]
-        return _Prepared(found, asked, state_ids, branches, qtypes, slot, labels, keys)
+            cut = {i for i, b in enumerate(branches) if self.backend.truncated(len(state_ids), b)}
+            found.truncated = [qid for qid in questions if slot[qid] in cut]
+        return _Prepared(found, questions, state_ids, branches, qtypes, labels, slot, pairs)
 
     def scores(
         self, state_ids: Sequence[int], branches: Sequence[Branches], qtypes: Sequence[str]
@@ -298,8 +305,13 @@ class Engine:
                 out[j][i] = corrected(out[j][i], prior, way.prior_weight)
         return out
 
-    def _calibrated(self, qtype: str, loglik: Sequence[float], key: str, labels: Sequence[str]) -> list[float]:
-        return softmax(self.calibration.adjust(qtype, loglik, key, labels) if self.calibration else loglik)
+    def _calibrated(self, q: AnyQuestion, loglik: Sequence[float]) -> list[float]:
+        """The base model's calibration (a question's own, by its content, where `calibrate --per-question`
+        fitted one) on a question's scores, read with its opposite where it has one."""
+        cal = self.calibration
+        if cal is None:
+            return softmax(loglik)
+        return softmax(cal.adjust(q.type, loglik, question_key(q) if cal.by_question else "", answer_labels(q)))
 
     def _read_heads(
         self,
@@ -308,29 +320,29 @@ class Engine:
         qtypes: Sequence[str],
         labels: Sequence[Sequence[str]],
     ) -> tuple[list[list[float]], set[int]]:
-        """Trained heads. With a shallow head, the questions first run through its layers only; those it is
-        sure of stop there, the others continue through the remaining layers to the final head."""
+        """Trained heads' scores (logits). With a shallow head, the questions first run through its layers only;
+        those it is sure of stop there, the others continue through the remaining layers to the final head."""
         heads = self.heads
         final = heads.final
         if heads.early is None:
             feats = self.backend.features(state_ids, branches, [final.cfg.layer])
-            return [self._head_probs(final, t, f, ls) for t, f, ls in zip(qtypes, feats, labels)], set()
+            return [self._head_scores(final, t, f, ls) for t, f, ls in zip(qtypes, feats, labels)], set()
         early, shallow = heads.early, {}
 
         def exits(i: int, f) -> bool:
-            shallow[i] = self._head_probs(early, qtypes[i], f, labels[i])
-            return choice_confidence(shallow[i]) >= early.cfg.exit_threshold
+            shallow[i] = self._head_scores(early, qtypes[i], f, labels[i])
+            return choice_confidence(softmax(shallow[i])) >= early.cfg.exit_threshold
 
         pairs = self.backend.features_early_exit(state_ids, branches, early.cfg.layer, final.cfg.layer, exits)
         out = [
-            shallow[i] if deep is None else self._head_probs(final, qtypes[i], deep, labels[i])
+            shallow[i] if deep is None else self._head_scores(final, qtypes[i], deep, labels[i])
             for i, (_, deep) in enumerate(pairs)
         ]
         return out, {i for i, (_, deep) in enumerate(pairs) if deep is None}
 
     @staticmethod
-    def _head_probs(head, qtype: str, f, labels: Sequence[str]) -> list[float]:
-        return softmax(head.score(qtype, f.decision[0], f.options[:, 0], f.loglik, labels))
+    def _head_scores(head, qtype: str, f, labels: Sequence[str]) -> list[float]:
+        return head.score(qtype, f.decision[0], f.options[:, 0], f.loglik, labels)
 
     def _check_limits(self, state: Sequence[int], branches: Sequence[Branches]) -> int:
         longest = len(state) + max(len(b.prompt) + max(len(a) for a in b.answers) for b in branches)

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 # Instructions, descriptions and the state may be a string, an object or an array (never a number or bool).
@@ -32,6 +32,15 @@ class _Question(BaseModel):
             data["criteria"] = criteria
         super().__init__(instructions=instructions, **data)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _opposite_is_for_yes_no(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("x_opposite") is not None and cls is not Noul:
+            raise PydanticCustomError(
+                "x_opposite", "x_opposite is for yes/no (noul) questions only: a choice or a score has no opposite"
+            )
+        return data
+
 
 class NoulCriteria(BaseModel):
     """What counts as yes (`true`) and as no (`false`); either side may be left out."""
@@ -47,6 +56,43 @@ class Noul(_Question):
     type: Literal["noul"] = "noul"
     instructions: Text | None = None
     criteria: NoulCriteria | None = None
+    # prefill's extension: the question's opposite ("Is this review negative?" for "... positive?"), asked
+    # in the same pass and read with it (scoring.with_opposite). Absent from a question's dump when unset.
+    x_opposite: Text | None = Field(
+        None,
+        description="prefill's extension: the question's opposite (its yes is this question's no), asked in the "
+        "same pass; the answer is P(yes) read from both (the mean of the two log-odds, the opposite's negated)",
+    )
+
+    @field_validator("x_opposite")
+    @classmethod
+    def _opposite_is_another_question(cls, value: Text | None, info: Any) -> Text | None:
+        if value is None:
+            return value
+        if not render_key(value):
+            raise PydanticCustomError("x_opposite", "x_opposite must be a question, not empty")
+        if render_key(value) == render_key(info.data.get("instructions")):
+            raise PydanticCustomError(
+                "x_opposite", "x_opposite must be the question's opposite, not the question itself"
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _without_unset_opposite(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("x_opposite") is None:
+            data.pop("x_opposite", None)
+        return data
+
+    def opposite(self) -> Noul:
+        """The opposite as a question of its own: `x_opposite` asked, what counts as yes and no swapped."""
+        crit = self.criteria
+        swapped = None if crit is None else NoulCriteria(true=crit.false, false=crit.true)
+        return Noul(self.x_opposite, swapped)
+
+    def alone(self) -> Noul:
+        """The question as written, without its opposite."""
+        return self.model_copy(update={"x_opposite": None})
 
 
 def _choice_criteria(value: Any) -> Any:
@@ -57,6 +103,13 @@ def _choice_criteria(value: Any) -> Any:
             raise ValueError(f"a choice's options must be distinct: {', '.join(map(repr, twice))} given twice")
         return {v: None for v in value}
     return value
+
+
+def render_key(text: Text | None) -> str:
+    """A question's wording compared as text: JSON for an object or array, stripped."""
+    if text is None:
+        return ""
+    return text.strip() if isinstance(text, str) else json.dumps(text, sort_keys=True, ensure_ascii=False)
 
 
 class Choice(_Question):

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .render import Branches
+from .schema import Noul
 
 TOKEN_RULES = ("whole", "noend", "mean", "first")
 CORRECTIONS = ("none", "contextual", "pmi")
@@ -178,3 +179,25 @@ def with_opposite(p_yes: float, p_opposite_yes: float) -> float:
         return math.log(p / (1 - p))
 
     return 1 / (1 + math.exp(-(log_odds(p_yes) - log_odds(p_opposite_yes)) / 2))
+
+
+def split_opposites(questions: Mapping) -> tuple[dict, dict]:
+    """The questions to ask: each yes/no question that names its opposite (`x_opposite`) becomes two, the
+    question as written and its opposite (`Noul.opposite`) under the id (qid, "opposite"), which no request
+    can use (a request's ids are strings). Each is asked isolated in the same pass, as any two questions
+    are; an opposite that is also asked as a question of its own is scored once. Returns the questions and
+    qid -> the opposite's id (the engine reads the two with `read_with_opposite`)."""
+    asked, pairs = {}, {}
+    for qid, q in questions.items():
+        if isinstance(q, Noul) and q.x_opposite is not None:
+            pairs[qid] = (qid, "opposite")
+            asked[qid], asked[pairs[qid]] = q.alone(), q.opposite()
+        else:
+            asked[qid] = q
+    return asked, pairs
+
+
+def read_with_opposite(scores: Sequence[float], opposite: Sequence[float]) -> list[float]:
+    """A yes/no question's scores (yes, no; log-scale) read with its opposite's, as `with_opposite` reads
+    their probabilities: the mean of the two log-odds, the opposite's negated, as the scores (that, 0)."""
+    return [((scores[0] - scores[1]) - (opposite[0] - opposite[1])) / 2, 0.0]

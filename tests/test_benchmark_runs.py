@@ -4,6 +4,7 @@ renamed in prefill) fails here rather than at the end of an hour's run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,6 +28,35 @@ def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
     compared = realtext("--compare", str(tmp_path / "float32"), str(tmp_path / "bfloat16"))
     assert compared.returncode == 0, compared.stderr[-3000:]
     assert "| mean | all |" in compared.stdout
+
+
+def test_an_opposites_run_asks_each_opposite_as_served(tmp_path, tokenizer):
+    """benchmarks.opposites as the README runs it: every reading from one request a text, the paired answer
+    (`x_opposite`, served) the question and its opposite read together, and the table from the saved run."""
+    from prefill import with_opposite
+
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", "benchmarks.opposites", "--model", str(model), "--dtype", "float32"]
+    run = subprocess.run(
+        [*cmd, "--items", "4", "--tasks", "fr_reviews,spam", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert list(results) == ["fr_reviews", "spam"] and len(results["spam"]["opposites"]) == 3
+    for row in results["spam"]["rows"]:
+        for i in range(3):
+            want = with_opposite(row["p"]["alone"], row["p"][f"opposite {i}"])
+            assert abs(row["p"][f"paired {i}"] - want) < 1e-6
+    again = subprocess.run([*cmd, "--report", str(tmp_path / "o")], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout == run.stdout
+    assert '"Is this a legitimate email?"' in run.stdout and "| fr_reviews |" in run.stdout
+    bad = subprocess.run([*cmd, "--tasks", "sarcasm"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "sarcasm not one of" in bad.stderr
 
 
 def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path, tokenizer):

@@ -19,6 +19,7 @@ from prefill.serving.app import create_app
 
 from .conftest import make_backend, make_model
 from .test_cli import model_dir  # noqa: F401
+from .test_exactness import STATE
 
 
 def test_metrics_on_known_cases():
@@ -257,3 +258,26 @@ def test_calibrate_per_question_from_the_command_line(model_dir, tmp_path):  # n
         {refund} if "noul" in fitted["notes"]["per_question_types"] else set()
     )
     assert fitted["by_question"][team]["bias"]["Billing"] > fitted["by_question"][team]["bias"]["Technical"]
+
+
+def test_a_question_with_its_opposite_is_calibrated_as_one_question(tokenizer):
+    """The calibration applies to the question read with its opposite, not to each of the two: a yes-bias
+    survives (applied to each, the two would cancel it), and a question's own correction is found under the
+    question with its opposite, which is another question than without it."""
+    model = make_model("llama", len(tokenizer))
+    paired = Noul("Is the customer asking for money back?", x_opposite="Is the customer happy?")
+    plain = paired.alone()
+    raw = Engine(make_backend(model, tokenizer)).probabilities(STATE, {"p": paired, "q": plain})[0]
+    cal = Calibration("tiny", "-", by_type={"noul": 2.0}, bias={"noul": 0.7})
+    got = Engine(make_backend(model, tokenizer), calibration=cal).probabilities(STATE, {"p": paired, "q": plain})[0]
+    for qid in ("p", "q"):
+        assert max(abs(a - b) for a, b in zip(got[qid], cal.apply("noul", raw[qid]))) < 1e-9
+    own = {"temperature": 0.5, "bias": {"yes": -1.0, "no": 0.0}}
+    cal.by_question = {question_key(paired): own}
+    got = Engine(make_backend(model, tokenizer), calibration=cal).probabilities(STATE, {"p": paired, "q": plain})[0]
+    assert (
+        max(abs(a - b) for a, b in zip(got["p"], cal.apply("noul", raw["p"], question_key(paired), ["yes", "no"])))
+        < 1e-9
+    )
+    assert max(abs(a - b) for a, b in zip(got["q"], cal.apply("noul", raw["q"]))) < 1e-9  # the plain one: its type's
+    assert question_key(plain) != question_key(paired)

@@ -221,19 +221,27 @@ def short_reviews() -> list[tuple[str, bool]]:
 
 
 def test_a_question_read_with_its_opposite_stops_leaning(served_default):
-    """The same two questions, with no labels at all: read together (`with_opposite`), the lean they share
-    cancels (README "Real tasks", "A yes/no question with its opposite"). On the 48 short reviews above,
-    measured (no-AMX CPU, bf16): asked alone, 7 wrong answers to "positive?" and 20 to "negative?" (it says
-    yes to most reviews); each read with the other, 5 and 5."""
+    """The same two questions, with no labels at all: each asked with the other as its opposite (`x_opposite`,
+    served as `with_opposite` reads the two), the lean they share cancels (README "Real tasks", "A yes/no
+    question with its opposite"). On the 48 short reviews above, measured (no-AMX CPU, bf16): asked alone, 7
+    wrong answers to "positive?" and 20 to "negative?" (it says yes to most reviews); each read with the
+    other, 5 and 5. The paired questions render as the plain ones, so the request costs no more passes."""
     from prefill import with_opposite
 
+    positive_q, negative_q = (REVIEW_OPPOSITES[k].instructions for k in ("positive", "negative"))
+    questions = {
+        **REVIEW_OPPOSITES,
+        "positive, paired": Noul(positive_q, x_opposite=negative_q),
+        "negative, paired": Noul(negative_q, x_opposite=positive_q),
+    }
     wrong = {"alone": 0, "paired": 0}
     for text, positive in short_reviews():
-        a = served_default.ask(text, REVIEW_OPPOSITES)
+        a = served_default.ask(text, questions)
         p_positive, p_negative = a["positive"].noul, a["negative"].noul
+        assert abs(a["positive, paired"].noul - with_opposite(p_positive, p_negative)) < 1e-6
         wrong["alone"] += ((p_positive > 0.5) != positive) + ((p_negative > 0.5) == positive)
-        wrong["paired"] += (with_opposite(p_positive, p_negative) > 0.5) != positive
-        wrong["paired"] += (with_opposite(p_negative, p_positive) > 0.5) == positive
+        wrong["paired"] += (a["positive, paired"].noul > 0.5) != positive
+        wrong["paired"] += (a["negative, paired"].noul > 0.5) == positive
     assert wrong["paired"] <= 16 and wrong["paired"] <= wrong["alone"] - 10, wrong
 
 
@@ -356,9 +364,15 @@ def test_official_sdk_parses_every_answer_type(server):
                 "refund": SdkNoul(instructions="Is the customer asking for money back?"),
                 "team": SdkChoice(instructions="Which team?", criteria={"Billing": None, "Technical": None}),
                 "anger": SdkScore(instructions="How frustrated?", criteria=["Calm", "Frustrated", "Very angry"]),
+                # prefill's extension, in a question given as a dict (the SDK sends it as it is)
+                "happy": {
+                    "type": "noul",
+                    "instructions": "Is the customer happy?",
+                    "x_opposite": "Is the customer unhappy?",
+                },
             },
         )
-    assert 0 <= r.nouls["refund"].noul <= 1
+    assert 0 <= r.nouls["refund"].noul <= 1 and r.nouls["happy"].noul < 0.5
     assert r.choices["team"].choice in ("Billing", "Technical")
     assert 0 <= r.scores["anger"].score <= 2
 

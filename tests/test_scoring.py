@@ -159,3 +159,27 @@ def test_a_question_read_with_its_opposite():
     assert abs(with_opposite(0.9, 0.6) + with_opposite(0.6, 0.9) - 1) < 1e-12
     assert abs(with_opposite(0.99, 0.5) - 1 / (1 + 99**-0.5)) < 1e-12  # log-odds averaged, not probabilities
     assert with_opposite(1.0, 0.0) > 0.999 and with_opposite(0.0, 1.0) < 0.001
+
+
+def test_a_question_asked_with_its_opposite_is_read_with_it_in_the_same_pass(tiny_model, tokenizer):
+    """`x_opposite`: the question and its opposite (yes and no swapped in its criteria) asked isolated in the
+    request's one pass, read together by `with_opposite`; packed with other questions, under another id, or
+    beside the opposite asked on its own, the same answer."""
+    from prefill import with_opposite
+
+    crit = {"true": "the customer wants money back", "false": "anything else"}
+    paired = Noul("Is this a refund request?", crit, x_opposite="Is this about something other than a refund?")
+    plain, opposite = paired.alone(), Noul(paired.x_opposite, {"true": crit["false"], "false": crit["true"]})
+    apart_engine = Engine(make_backend(tiny_model, tokenizer))
+    apart = apart_engine.probabilities(STATE, {"q": plain, "o": opposite})[0]
+    engine = Engine(make_backend(tiny_model, tokenizer))
+    got, n_tokens, _ = engine.probabilities(STATE, {"q": paired})
+    assert engine.backend.forward_calls == apart_engine.backend.forward_calls  # the same passes, no more
+    assert list(got) == ["q"] and n_tokens > engine.probabilities(STATE, {"q": plain})[1]
+    want = with_opposite(apart["q"][0], apart["o"][0])
+    assert abs(got["q"][0] - want) <= 1e-6 and abs(sum(got["q"]) - 1) <= 1e-9
+    assert abs(want - apart["q"][0]) > 1e-3  # the opposite did move it
+    for questions in ({**QUESTIONS, "renamed": paired}, {"o": opposite, "renamed": paired, **QUESTIONS}):
+        again = engine.probabilities(STATE, dict(reversed(questions.items())))[0]
+        assert abs(again["renamed"][0] - want) <= TOL and "q" not in again
+    assert abs(engine.probabilities(STATE, {"o": opposite, "q": paired})[0]["o"][0] - apart["o"][0]) <= TOL

@@ -57,6 +57,24 @@ def test_answers_every_type(client):
     assert isinstance(data["usage"]["input_tokens"], int) and data["usage"]["input_tokens"] > 0
 
 
+def test_a_yes_no_question_with_its_opposite(client):
+    """`x_opposite` (prefill's extension): one answer under the question's own id, read with its opposite
+    (as `with_opposite` reads the two asked apart), its tokens counted; the opposite's id never shows."""
+    from prefill import with_opposite
+
+    opposite = "Is the customer happy with the refund?"
+    apart = client.post("/v1/systemone", json=body({"r": NOUL, "o": {"type": "noul", "instructions": opposite}}))
+    paired = client.post("/v1/systemone", json=body({"r": {**NOUL, "x_opposite": opposite}}))
+    alone = client.post("/v1/systemone", json=body({"r": NOUL}))
+    assert apart.status_code == paired.status_code == alone.status_code == 200, paired.text
+    a = apart.json()["answers"]
+    assert list(paired.json()["answers"]) == ["r"]
+    assert abs(paired.json()["answers"]["r"]["noul"] - with_opposite(a["r"]["noul"], a["o"]["noul"])) < 1e-6
+    assert paired.json()["answers"]["r"]["noul"] != alone.json()["answers"]["r"]["noul"]
+    tokens = [r.json()["usage"]["input_tokens"] for r in (apart, paired, alone)]
+    assert tokens[0] == tokens[1] > tokens[2]
+
+
 def test_state_forms(client):
     for state in ["text", {"subject": "x", "body": {"a": [1, 2]}}, ["a", "b"]]:
         assert client.post("/v1/systemone", json={**body({"r": NOUL}), "state": state}).status_code == 200
@@ -87,6 +105,10 @@ def test_models_and_health(client):
         body({"r": {"type": "noul", "criteria": {"maybe": "x"}}}),  # unknown noul side
         body({"r": {"type": "noul", "instructions": 5}}),  # a number is not text
         body({"": NOUL}),  # empty id
+        body({"t": {**CHOICE, "x_opposite": "Which team not?"}}),  # a choice has no opposite
+        body({"a": {**SCORE, "x_opposite": "How calm?"}}),  # nor a score
+        body({"r": {**NOUL, "x_opposite": " "}}),  # an empty opposite
+        body({"r": {**NOUL, "x_opposite": NOUL["instructions"]}}),  # the question itself
         {**body({"r": NOUL}), "state": None},
         {**body({"r": NOUL}), "state": 12},
         [1, 2, 3],
