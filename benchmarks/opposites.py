@@ -28,12 +28,17 @@ SPAM = (
     ),
 )
 REVIEWS = ("Is this review positive?", ("Is this review negative?",))
-# task -> (the suite's yes/no question, candidate opposites); the last of each is the suite's own opposite.
+# task -> (the suite's yes/no question, candidate opposites); for spam and hedged sentences the last is the suite's
+# own opposite.
 CANDIDATES = {
     "de_reviews": REVIEWS,
     "fr_reviews": REVIEWS,
     "spam": SPAM,
     "emails": SPAM,
+    "messages": (
+        "Is this message written in English?",
+        ("Is this message written in a language other than English?", "Is this message written in French or German?"),
+    ),
     "uncertainty": (
         "Does this sentence express uncertainty or speculation?",
         (
