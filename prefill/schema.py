@@ -56,8 +56,7 @@ class Noul(_Question):
     type: Literal["noul"] = "noul"
     instructions: Text | None = None
     criteria: NoulCriteria | None = None
-    # prefill's extension: the question's opposite ("Is this review negative?" for "... positive?"), asked
-    # in the same pass and read with it (scoring.with_opposite). Absent from a question's dump when unset.
+    # "Is this review negative?" for "... positive?" (scoring.split_opposites); absent from a dump when unset
     x_opposite: Text | None = Field(
         None,
         description="prefill's extension: the question's opposite (its yes is this question's no), asked in the "
@@ -69,9 +68,9 @@ class Noul(_Question):
     def _opposite_is_another_question(cls, value: Text | None, info: Any) -> Text | None:
         if value is None:
             return value
-        if not render_key(value):
+        if not _wording(value):
             raise PydanticCustomError("x_opposite", "x_opposite must be a question, not empty")
-        if render_key(value) == render_key(info.data.get("instructions")):
+        if _wording(value) == _wording(info.data.get("instructions")):
             raise PydanticCustomError(
                 "x_opposite", "x_opposite must be the question's opposite, not the question itself"
             )
@@ -105,8 +104,8 @@ def _choice_criteria(value: Any) -> Any:
     return value
 
 
-def render_key(text: Text | None) -> str:
-    """A question's wording compared as text: JSON for an object or array, stripped."""
+def _wording(text: Text | None) -> str:
+    """A question's wording, to compare two: stripped text, or JSON for an object or array."""
     if text is None:
         return ""
     return text.strip() if isinstance(text, str) else json.dumps(text, sort_keys=True, ensure_ascii=False)
