@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .tasks import TASKS, items
+from .tasks import TASKS, items, task_metrics
 
 SPAM = (
     "Is this email spam?",
@@ -76,11 +76,10 @@ def run_task(pf, name: str, n: int, seed: int) -> dict:
 
 
 def accuracy_auc(rows: list[dict], key: str, flip: bool = False) -> str:
-    from prefill.evaluation.metrics import auc
-
+    """The suite's accuracy and AUC (`task_metrics`) of one reading, as P(yes) for the question."""
     ps = [1 - r["p"][key] if flip else r["p"][key] for r in rows]
-    gold = [r["yes"] for r in rows]
-    return f"{sum((p > 0.5) == g for p, g in zip(ps, gold)) / len(ps):.2f} / {auc(ps, gold):.2f}"
+    m = task_metrics([{"gold": 0 if r["yes"] else 1, "type": "noul"} for r in rows], [[p, 1 - p] for p in ps])
+    return f"{m['accuracy']:.2f} / {m['auc']:.2f}"
 
 
 def report(results: dict) -> str:

@@ -12,7 +12,16 @@ import datetime as dt
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # Instructions, descriptions and the state may be a string, an object or an array (never a number or bool).
@@ -65,7 +74,7 @@ class Noul(_Question):
 
     @field_validator("x_opposite")
     @classmethod
-    def _opposite_is_another_question(cls, value: Text | None, info: Any) -> Text | None:
+    def _opposite_is_another_question(cls, value: Text | None, info: ValidationInfo) -> Text | None:
         if value is None:
             return value
         if not _wording(value):

@@ -174,11 +174,12 @@ def with_opposite(p_yes: float, p_opposite_yes: float) -> float:
     0.88-0.92 paired, while an opposite it reads backwards ("Is this a legitimate email, not spam?") drags
     its pair to chance (README "Real tasks", `python -m benchmarks.tasks --report`)."""
 
-    def log_odds(p: float) -> float:
+    def scores(p: float) -> list[float]:
         p = min(max(p, 1e-12), 1 - 1e-12)
-        return math.log(p / (1 - p))
+        return [math.log(p), math.log(1 - p)]
 
-    return 1 / (1 + math.exp(-(log_odds(p_yes) - log_odds(p_opposite_yes)) / 2))
+    yes, no = read_with_opposite(scores(p_yes), scores(p_opposite_yes))
+    return 1 / (1 + math.exp(no - yes))
 
 
 def split_opposites(questions: Mapping) -> tuple[dict, dict]:
