@@ -238,14 +238,7 @@ class CausalLMBackend(HiddenStates, Backend):
         `spans`: the cache holds several states side by side (score_many); a token of group g sees only
         the cache columns spans[g]."""
         n = len(tree.ids)
-        allowed = torch.ones(n, n_state + n, dtype=torch.bool)  # the state is visible to all
-        if spans is not None:
-            allowed[:, :n_state] = False
-            group = torch.tensor(tree.group)
-            for g, (start, stop) in enumerate(spans):
-                allowed[group == g, start:stop] = True
-        allowed[:, n_state:] = tree.visibility()  # ancestors and self
-        mask = torch.zeros((1, 1, n, n_state + n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = tree.mask(n_state, self.dtype, spans=spans)
         branch_cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in cache.layers])
         inputs = (
             {"inputs_embeds": inputs_embeds[None].to(self.device, self.dtype)}

@@ -104,12 +104,7 @@ class HiddenStates:
         log-likelihoods (Q, N_max; padding 0), its decision token's last-layer hidden state (Q, H) and its
         answers' end tokens' (Q, N_max, H): the same quantities the served pass gives, with gradients."""
         tree, n_state = inputs.tree, inputs.state.shape[0]
-        n = n_state + len(tree.ids)
-        allowed = torch.zeros(n, n, dtype=torch.bool)
-        allowed[:n_state, :n_state] = torch.ones(n_state, n_state, dtype=torch.bool).tril()
-        allowed[n_state:, :n_state] = True
-        allowed[n_state:, n_state:] = tree.visibility()
-        mask = torch.zeros((1, 1, n, n), dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = tree.mask(n_state, self.dtype, with_state=True)
         positions = list(range(n_state)) + tree.positions
         with self._outputs([self.depth]) as captured, self._layers(inputs.layer, None):
             out = self.model(

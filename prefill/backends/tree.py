@@ -115,6 +115,25 @@ class Tree:
         per_token = torch.log_softmax(logits.float(), dim=-1)[read, tok]
         return torch.zeros(len(self.n_answers), max(self.n_answers)).index_put((qs, ans), per_token, accumulate=True)
 
+    def mask(self, n_state: int, dtype: torch.dtype, with_state: bool = False, spans=None) -> torch.Tensor:
+        """The additive attention mask of a pass over this tree, (1, 1, rows, n_state + n_tokens): every tree
+        token sees the state (with `spans`, group g only the state columns spans[g]) and its own ancestors.
+        `with_state`: the pass runs the state's tokens too, first, causal among themselves (LoRA training's
+        `forward_from`)."""
+        n = len(self.ids)
+        allowed = torch.zeros(n + (n_state if with_state else 0), n_state + n, dtype=torch.bool)
+        if with_state:
+            allowed[:n_state, :n_state] = torch.ones(n_state, n_state, dtype=torch.bool).tril()
+        tree = allowed[len(allowed) - n :]  # the tree's rows (a view)
+        if spans is None:
+            tree[:, :n_state] = True
+        else:
+            group = torch.tensor(self.group)
+            for g, (start, stop) in enumerate(spans):
+                tree[group == g, start:stop] = True
+        tree[:, n_state:] = self.visibility()  # ancestors and self
+        return torch.zeros((1, 1, *allowed.shape), dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+
     def visibility(self) -> torch.Tensor:
         """Token i sees token j iff j is i or one of its ancestors (parents come before children)."""
         n = len(self.ids)
