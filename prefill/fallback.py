@@ -7,11 +7,15 @@ listed in `x_low_confidence`. A fallback never fails the request.
 
 Two kinds, both over HTTP with one client and a timeout:
 - SystemOneFallback: another System One server (a bigger prefill, or any compatible server), asked once
-  with the unsure questions, their ids and the reference date; its distributions are taken as they are.
+  with the unsure questions as given (`x_opposite` included: a prefill pairs them, a server without the
+  extension answers the question alone), their ids and the reference date; its distributions are taken
+  as they are.
 - ChatFallback: an OpenAI-compatible chat endpoint (vLLM, transformers serve, llama.cpp, a hosted API),
   asked one question per chat request (so questions stay isolated from each other), with prefill's own
   prompt for the question, told to reply with one of the declared answers, and, for servers that honour
-  it, held to them by a JSON schema whose answer is an enum. The reply becomes a distribution:
+  it, held to them by a JSON schema whose answer is an enum (a yes/no question with `x_opposite`: the
+  question and its opposite, two requests, read together as prefill reads them). The reply becomes a
+  distribution:
   - with top logprobs (vLLM, llama.cpp's server, OpenAI): the model's own distribution over the declared
     answers, read where the answer starts (`answer_distribution`): the chosen answer gets exp(Σ logprob of
     the tokens that spell it), every other answer the probability of the alternative first tokens that
@@ -41,6 +45,7 @@ import httpx
 
 from .render import SYSTEM, render_question, render_text
 from .schema import AnyQuestion, Choice, Noul
+from .scoring import split_opposites, with_opposite
 
 log = logging.getLogger("prefill.fallback")
 UNSCORED_MASS = 0.1
@@ -163,14 +168,29 @@ class ChatFallback(_Remote):
         self.logprobs_ok = True
 
     def answers(self, state, questions, reference_date=None):
-        out, tokens, failed = {}, 0, {}
-        for qid, q in questions.items():
+        """A yes/no question with an opposite (`x_opposite`) is asked as two chat requests, the question and
+        its opposite, and answered as prefill answers it: the two read together (`with_opposite`); if either
+        has no answer, neither does the question (with that one's reason)."""
+        asked, pairs = split_opposites(questions)
+        got, tokens, failed = {}, 0, {}
+        for qid, q in asked.items():
             try:
-                out[qid], used = self.ask(state, q, reference_date)
+                got[qid], used = self.ask(state, q, reference_date)
                 tokens += used
             except FallbackError as e:
                 failed[qid] = e.reason()
-        return out, tokens, failed
+        out = {}
+        for qid in questions:
+            both = (qid, pairs[qid]) if qid in pairs else (qid,)
+            reason = next((failed[k] for k in both if k in failed), None)
+            if reason is not None:
+                failed[qid] = reason
+            elif qid in pairs:
+                p = with_opposite(got[qid][0], got[pairs[qid]][0])
+                out[qid] = [p, 1.0 - p]
+            else:
+                out[qid] = got[qid]
+        return out, tokens, {qid: why for qid, why in failed.items() if qid in questions}
 
     def ask(self, state: Any, q: AnyQuestion, reference_date: dt.date | None = None) -> tuple[list[float], int]:
         rendered = render_question(q)

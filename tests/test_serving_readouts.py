@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import os
 import socket
@@ -29,10 +30,13 @@ from prefill.fallback import (
     SystemOneFallback,
     answer_distribution,
     answer_probability,
+    failure_kind,
     is_unscored,
     parse_answer,
 )
 from prefill.heads.head import Heads
+from prefill.schema import Noul
+from prefill.scoring import with_opposite
 from prefill.serving.app import Served, create_app
 
 from .conftest import RAW, make_backend, make_model
@@ -334,6 +338,43 @@ def test_chat_top_logprobs_give_the_models_distribution_over_the_declared_answer
     mass = [e(-0.3), e(-0.1) - e(-0.3), e(-2.5)]
     assert max(abs(g - m / sum(mass)) for g, m in zip(got, mass)) < 1e-9
     assert answer_distribution({"content": [{"token": "Billing", "logprob": -0.1}]}, "Billing", answers, 0) is None
+
+
+def test_a_chat_fallback_asks_a_question_and_its_opposite_and_reads_them_together():
+    """`x_opposite` reaches a chat server as two requests, the question and its opposite (what counts as yes
+    and no swapped), answered as prefill answers it: the two read together. If the opposite has no answer,
+    neither has the question, and no internal id leaks out."""
+    said = {"Is this review positive?": -0.3, "Is this review negative?": -0.9}  # log P(Yes) for each
+    asked: list[str] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][1]["content"]
+        asked.append(prompt)
+        lp = next((v for q, v in said.items() if q in prompt), None)
+        if lp is None:
+            return httpx.Response(200, json={"choices": [{"message": {"content": "Perhaps"}}]})
+        yes, no = {"token": "Yes", "logprob": lp}, {"token": "No", "logprob": math.log(1 - math.exp(lp))}
+        logprobs = {"content": [{**yes, "top_logprobs": [yes, no]}]}
+        return httpx.Response(200, json={"choices": [{"message": {"content": "Yes"}, "logprobs": logprobs}]})
+
+    chat = ChatFallback("http://teacher", model="m")
+    chat.client = httpx.Client(transport=httpx.MockTransport(reply))
+    crit = {"true": "praise", "false": "complaints"}
+    positive = Noul("Is this review positive?", crit, x_opposite="Is this review negative?")
+    questions = {
+        "paired": positive,
+        "alone": positive.alone(),
+        "unanswered opposite": Noul("Is this review positive?", x_opposite="Is the reviewer a bot?"),
+    }
+    out, _, failed = chat.answers("Great phone.", questions)
+    assert len(asked) == 5  # each question, and each one's opposite
+    assert sum("Is this review negative?" in p and "Yes means: complaints" in p for p in asked) == 1
+    p_yes, p_opposite = math.exp(-0.3), math.exp(-0.9)
+    assert abs(out["alone"][0] - p_yes) < 1e-9
+    assert abs(out["paired"][0] - with_opposite(p_yes, p_opposite)) < 1e-9 and abs(sum(out["paired"]) - 1) < 1e-12
+    assert abs(out["paired"][0] - out["alone"][0]) > 0.05
+    assert set(out) == {"paired", "alone"} and set(failed) == {"unanswered opposite"}
+    assert failure_kind(failed["unanswered opposite"]) == "unparseable"
 
 
 @pytest.fixture(scope="module")
