@@ -14,6 +14,7 @@ threads; about a minute, then about two for the chunk sizes on the default model
     python -m benchmarks.fastpath --chunks
     python -m benchmarks.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
     python -m benchmarks.fastpath --exact qwen2.5-coder-1.5b-instruct   # --exact vs plain bf16, one run
+    python -m benchmarks.fastpath --profile qwen2.5-coder-1.5b-instruct   # the SemIf request by operator
 """
 
 from __future__ import annotations
@@ -288,6 +289,41 @@ def exact(model: str, repeats: int = 3) -> None:
         )
 
 
+def profile(model: str, top: int = 12) -> None:
+    """Where the SemIf request's time goes by operator (torch's profiler, the request with a fresh state, its
+    priors cached), and the rate its matrix products reach against a bare linear layer timed in the same run:
+    what is left to take from the pass once its products run at the machine's rate."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from prefill import Prefill
+    from prefill.bench import STATE, nouls
+    from prefill.bench.semif import bare_linear_gflops, matrix_flops
+
+    pf = Prefill(model)
+    questions = nouls(21)
+    for _ in range(3):  # the priors, then warm
+        pf.backend.forget_states()
+        pf.engine.ask(STATE, questions)
+    pf.backend.forget_states()
+    tokens, rows = pf.backend.tokens_run, pf.backend.rows_read
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        pf.engine.ask(STATE, questions)
+    tokens, rows = pf.backend.tokens_run - tokens, pf.backend.rows_read - rows
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops)
+    print(f"{model}, the SemIf request (21 questions, {tokens} tokens run): {total / 1e6:.3f} s of operators")
+    for e in ops[:top]:
+        share = 100 * e.self_cpu_time_total / total
+        print(f"  {e.key:<55} {e.self_cpu_time_total / 1e6:7.3f} s {share:5.1f} %  x{e.count}")
+    products = sum(e.self_cpu_time_total for e in ops if "linear" in e.key or e.key in ("aten::mm", "aten::addmm"))
+    gflop = matrix_flops(pf, tokens, rows) / 1e9
+    print(
+        f"matrix products: {products / 1e6:.3f} s for {gflop:.0f} GFLOP, {gflop / (products / 1e6):.0f} GFLOP/s; "
+        f"a bare linear layer in bf16 now: {bare_linear_gflops(pf, torch.bfloat16):.0f} GFLOP/s"
+    )
+
+
 def rows_that_differ(net, counts=(*range(1, 65), 96, 128, 129, 200, 256, 388, 512, 768, 1024)) -> tuple[str, list]:
     """The row counts at which the decoder's largest packed projection gives its first rows other bits than
     the same rows in a pass of 2,100 (why `--exact` multiplies in fixed blocks of rows)."""
@@ -319,6 +355,7 @@ def main() -> None:
     ap.add_argument("--chunks", action="store_true", help="time tree chunk sizes on the default model")
     ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")
     ap.add_argument("--exact", metavar="MODEL", help="--exact vs plain bf16 on MODEL: isolation and seconds, one run")
+    ap.add_argument("--profile", metavar="MODEL", help="the SemIf request on MODEL by operator, products' rate")
     args = ap.parse_args()
     if args.micro:
         micro()
@@ -328,9 +365,11 @@ def main() -> None:
         precision()
     if args.exact:
         exact(args.exact)
+    if args.profile:
+        profile(args.profile)
     if args.folders:
         table(args.folders)
-    if not (args.micro or args.chunks or args.precision or args.exact or args.folders):
+    if not (args.micro or args.chunks or args.precision or args.exact or args.profile or args.folders):
         ap.error("give bench folders, --micro, --chunks, --precision or --exact MODEL")
 
 

@@ -77,3 +77,21 @@ def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path,
     for line in ("fr_reviews: the teacher alone", "fr_reviews: the student alone", "x the teacher's speed"):
         assert line in timed.stdout, timed.stdout
     assert timed.stderr.count("fr_reviews: row ") == 3 and "student " in timed.stderr
+
+
+def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
+    """benchmarks.fastpath --profile as the README runs it: the request's operators, largest first, their
+    shares summing to at most 100 %, and the products' rate against a bare linear layer timed then."""
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", "benchmarks.fastpath", "--profile", str(model)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert "the SemIf request (21 questions," in lines[0]
+    ops = [line for line in lines[1:] if line.startswith("  ")]
+    seconds = [float(line.split()[-5]) for line in ops]
+    assert len(ops) >= 5 and seconds == sorted(seconds, reverse=True)
+    assert sum(float(line.split()[-3]) for line in ops) <= 100.5
+    assert lines[-1].startswith("matrix products: ") and "a bare linear layer in bf16 now: " in lines[-1]
