@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -300,8 +301,10 @@ def profile(model: str, top: int = 12) -> None:
     from prefill.bench import STATE, nouls
     from prefill.bench.semif import bare_linear_gflops, matrix_flops
 
+    print(f"--profile: loading {model}", file=sys.stderr, flush=True)
     pf = Prefill(model)
     questions = nouls(21)
+    print("--profile: the SemIf request 3 times (priors, warm-up), then profiled", file=sys.stderr, flush=True)
     for _ in range(3):  # the priors, then warm
         pf.backend.forget_states()
         pf.engine.ask(STATE, questions)
@@ -370,7 +373,7 @@ def main() -> None:
     if args.folders:
         table(args.folders)
     if not (args.micro or args.chunks or args.precision or args.exact or args.profile or args.folders):
-        ap.error("give bench folders, --micro, --chunks, --precision or --exact MODEL")
+        ap.error("give bench folders, --micro, --chunks, --precision, --exact MODEL or --profile MODEL")
 
 
 if __name__ == "__main__":

@@ -179,18 +179,18 @@ class ChatFallback(_Remote):
                 tokens += used
             except FallbackError as e:
                 failed[qid] = e.reason()
-        out = {}
+        out, unanswered = {}, {}
         for qid in questions:
             both = (qid, pairs[qid]) if qid in pairs else (qid,)
             reason = next((failed[k] for k in both if k in failed), None)
             if reason is not None:
-                failed[qid] = reason
+                unanswered[qid] = reason
             elif qid in pairs:
                 p = with_opposite(got[qid][0], got[pairs[qid]][0])
                 out[qid] = [p, 1.0 - p]
             else:
                 out[qid] = got[qid]
-        return out, tokens, {qid: why for qid, why in failed.items() if qid in questions}
+        return out, tokens, unanswered
 
     def ask(self, state: Any, q: AnyQuestion, reference_date: dt.date | None = None) -> tuple[list[float], int]:
         rendered = render_question(q)
