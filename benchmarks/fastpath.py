@@ -15,6 +15,7 @@ threads; about a minute, then about two for the chunk sizes on the default model
     python -m benchmarks.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
     python -m benchmarks.fastpath --exact qwen2.5-coder-1.5b-instruct   # --exact vs plain bf16, one run
     python -m benchmarks.fastpath --profile qwen2.5-coder-1.5b-instruct   # the SemIf request by operator
+    python -m benchmarks.fastpath --fused qwen2.5-coder-1.5b-instruct     # its element-wise work compiled
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -327,6 +329,102 @@ def profile(model: str, top: int = 12) -> None:
     )
 
 
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The decoder's RMSNorm as HF computes it (fp32 inside, the weight applied in the input's dtype)."""
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _add_rmsnorm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    summed = residual + x
+    return summed, _rmsnorm(summed, weight, eps)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def fused_layers(net: torch.nn.Module) -> Callable[[bool], None]:
+    """A switch that runs every decoder layer's element-wise work (the norms, the residual add before the
+    second norm, SiLU and its multiply, the rotary embedding) as kernels torch.compile fuses, around the same
+    products and attention, or as HF's eager code. For Qwen2- and Llama-like layers."""
+    import types
+
+    compiled = {f.__name__: torch.compile(f, dynamic=True) for f in (_rmsnorm, _add_rmsnorm, _silu_mul)}
+    layers = list(net.get_decoder().layers)
+    modeling = sys.modules[type(layers[0].self_attn).__module__]
+    eager_rope, eager_forward = modeling.apply_rotary_pos_emb, {id(m): m.forward for m in layers}
+    fused_rope = torch.compile(eager_rope, dynamic=True)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):  # fmt: skip
+        eps = self.input_layernorm.variance_epsilon
+        h = compiled["_rmsnorm"](hidden_states, self.input_layernorm.weight, eps)
+        h, _ = self.self_attn(
+            hidden_states=h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        residual, h = compiled["_add_rmsnorm"](hidden_states, h, self.post_attention_layernorm.weight, eps)
+        mlp = self.mlp
+        return residual + mlp.down_proj(compiled["_silu_mul"](mlp.gate_proj(h), mlp.up_proj(h)))
+
+    def use(on: bool) -> None:
+        modeling.apply_rotary_pos_emb = fused_rope if on else eager_rope
+        for m in layers:
+            m.forward = types.MethodType(forward, m) if on else eager_forward[id(m)]
+
+    return use
+
+
+def fused(model: str, runs: int = 8) -> None:
+    """The element-wise work fused by torch.compile against HF's eager code, on one model in one run: the
+    compile's cost, the SemIf request's seconds (21 questions and 1, fresh states, alternated `runs` times,
+    medians), how far its answers move, and isolation (packed vs alone) with the fused kernels."""
+    from prefill import Prefill
+    from prefill.bench import STATE, nouls
+
+    from .no_bf16 import isolation
+
+    print(f"--fused: loading {model}", file=sys.stderr, flush=True)
+    pf = Prefill(model)
+    use = fused_layers(pf.backend.model)
+    asked = {n: nouls(n) for n in (21, 1)}
+
+    def request(n: int) -> tuple[float, list[float]]:
+        pf.backend.forget_states()
+        started = time.perf_counter()
+        answers = pf.engine.ask(STATE, asked[n])[0]
+        return time.perf_counter() - started, [a.noul for a in answers.values()]
+
+    request(21)  # the priors, once, and warm
+    started = time.perf_counter()
+    use(True)
+    for n in (21, 1, 21):
+        request(n)
+    print(f"{model}: compiling the fused kernels and their first requests took {time.perf_counter() - started:.1f} s")
+    seconds: dict[tuple[bool, int], list[float]] = {(on, n): [] for on in (False, True) for n in asked}
+    answers = {}
+    for run in range(runs):
+        print(f"--fused: alternated run {run + 1}/{runs}", file=sys.stderr, flush=True)
+        for on in (False, True):
+            use(on)
+            for n in asked:
+                t, answers[on, n] = request(n)
+                seconds[on, n].append(t)
+    for on, label in ((False, "eager (served)"), (True, "fused")):
+        t21, t1 = (statistics.median(seconds[on, n]) for n in (21, 1))
+        print(f"{label}: SemIf 21 questions {t21:.3f} s, 1 question {t1:.3f} s, 21q/1q {t21 / t1:.2f}")
+    moved = max(abs(a - b) for a, b in zip(answers[False, 21], answers[True, 21]))
+    use(True)
+    print(f"fused vs eager: largest |dp| on the 21 answers {moved:.2e}; fused, packed vs alone {isolation(pf):.2e}")
+    use(False)
+
+
 def rows_that_differ(net, counts=(*range(1, 65), 96, 128, 129, 200, 256, 388, 512, 768, 1024)) -> tuple[str, list]:
     """The row counts at which the decoder's largest packed projection gives its first rows other bits than
     the same rows in a pass of 2,100 (why `--exact` multiplies in fixed blocks of rows)."""
@@ -359,6 +457,7 @@ def main() -> None:
     ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")
     ap.add_argument("--exact", metavar="MODEL", help="--exact vs plain bf16 on MODEL: isolation and seconds, one run")
     ap.add_argument("--profile", metavar="MODEL", help="the SemIf request on MODEL by operator, products' rate")
+    ap.add_argument("--fused", metavar="MODEL", help="MODEL's element-wise work fused by torch.compile vs eager")
     args = ap.parse_args()
     if args.micro:
         micro()
@@ -370,10 +469,12 @@ def main() -> None:
         exact(args.exact)
     if args.profile:
         profile(args.profile)
+    if args.fused:
+        fused(args.fused)
     if args.folders:
         table(args.folders)
-    if not (args.micro or args.chunks or args.precision or args.exact or args.profile or args.folders):
-        ap.error("give bench folders, --micro, --chunks, --precision, --exact MODEL or --profile MODEL")
+    if not (args.micro or args.chunks or args.precision or args.exact or args.profile or args.fused or args.folders):
+        ap.error("give bench folders, --micro, --chunks, --precision, --exact MODEL, --profile MODEL or --fused MODEL")
 
 
 if __name__ == "__main__":

@@ -95,3 +95,19 @@ def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
     assert len(ops) >= 5 and seconds == sorted(seconds, reverse=True)
     assert sum(float(line.split()[-3]) for line in ops) <= 100.5
     assert lines[-1].startswith("matrix products: ") and "a bare linear layer in bf16 now: " in lines[-1]
+
+
+def test_the_element_wise_work_fused_by_torch_compile_answers_as_eager(tmp_path, tokenizer):
+    """benchmarks.fastpath --fused as the README runs it (fp32 here, the suite's precision): the compile's cost,
+    both paths' seconds, and the fused kernels' answers equal to the eager ones and still isolated."""
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", "benchmarks.fastpath", "--fused", str(model)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert "compiling the fused kernels" in lines[0]
+    assert lines[1].startswith("eager (served): SemIf 21 questions ") and lines[2].startswith("fused: SemIf 21 ")
+    moved, isolated = (float(part.split()[-1]) for part in lines[3].split(";"))
+    assert moved < 1e-5 and isolated < 1e-5  # other kernels, the same arithmetic: fp32 rounding only
