@@ -79,16 +79,21 @@ def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path,
     assert timed.stderr.count("fr_reviews: row ") == 3 and "student " in timed.stderr
 
 
-def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
-    """benchmarks.fastpath --profile as the README runs it: the request's operators, largest first, their
-    shares summing to at most 100 %, and the products' rate against a bare linear layer timed then."""
+def fastpath_on_a_tiny_model(tmp_path, tokenizer, flag: str) -> list[str]:
+    """`python -m benchmarks.fastpath FLAG MODEL` on a tiny Qwen2 model: the lines it prints."""
     model = tmp_path / "model"
     make_model("qwen2", len(tokenizer)).save_pretrained(model)
     tokenizer.save_pretrained(model)
-    cmd = [sys.executable, "-m", "benchmarks.fastpath", "--profile", str(model)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "benchmarks.fastpath", flag, str(model)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
+    return run.stdout.splitlines()
+
+
+def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
+    """benchmarks.fastpath --profile as the README runs it: the request's operators, largest first, their
+    shares summing to at most 100 %, and the products' rate against a bare linear layer timed then."""
+    lines = fastpath_on_a_tiny_model(tmp_path, tokenizer, "--profile")
     assert "the SemIf request (21 questions," in lines[0]
     ops = [line for line in lines[1:] if line.startswith("  ")]
     seconds = [float(line.split()[-5]) for line in ops]
@@ -100,13 +105,7 @@ def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
 def test_the_element_wise_work_fused_by_torch_compile_answers_as_eager(tmp_path, tokenizer):
     """benchmarks.fastpath --fused as the README runs it (fp32 here, the suite's precision): the compile's cost,
     both paths' seconds, and the fused kernels' answers equal to the eager ones and still isolated."""
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
-    cmd = [sys.executable, "-m", "benchmarks.fastpath", "--fused", str(model)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
+    lines = fastpath_on_a_tiny_model(tmp_path, tokenizer, "--fused")
     assert "compiling the fused kernels" in lines[0]
     assert lines[1].startswith("eager (served): SemIf 21 questions ") and lines[2].startswith("fused: SemIf 21 ")
     moved, isolated = (float(part.split()[-1]) for part in lines[3].split(";"))
