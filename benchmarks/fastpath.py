@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -348,8 +349,6 @@ def fused_layers(net: torch.nn.Module) -> Callable[[bool], None]:
     """A switch that runs every decoder layer's element-wise work (the norms, the residual add before the
     second norm, SiLU and its multiply, the rotary embedding) as kernels torch.compile fuses, around the same
     products and attention, or as HF's eager code. For Qwen2- and Llama-like layers."""
-    import types
-
     compiled = {f.__name__: torch.compile(f, dynamic=True) for f in (_rmsnorm, _add_rmsnorm, _silu_mul)}
     layers = list(net.get_decoder().layers)
     modeling = sys.modules[type(layers[0].self_attn).__module__]
