@@ -31,6 +31,8 @@ PMI with a weight on the prior, contextual) and every calibration is measured fr
     python -m benchmarks.tasks --report out/tasks-qwen05 out/tasks-qwen15      # tables from saved scores
     python -m benchmarks.tasks --compare out/tasks-qwen05 out/tasks-qwen15     # the runs side by side
     python -m benchmarks.tasks --generate 16 --out out/tasks-qwen15   # the model generating its answers instead
+    python -m benchmarks.tasks --model qwen2.5-coder-1.5b-instruct --format chat-nosystem --out out/tasks-15-nosystem
+        # another prompt format (benchmarks/realtext.py FORMATS); --compare puts it beside the served one
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .emails import email_rows, list_rows
-from .realtext import Asked, grouped, mean, read_corpus, score_items, scores_under
+from .realtext import FORMATS, Asked, grouped, mean, read_corpus, score_items, scores_under
 
 LANGUAGES = {
     "en": "English",
@@ -588,20 +590,20 @@ def softmax_rows(rows: list[dict], way, calibration=None) -> list[list[float]]:
 
 def run(args) -> None:
     from prefill import loading
-    from prefill.backends.causal_lm import CausalLMBackend
     from prefill.backends.cpu import resolve_dtype
 
     dtype = resolve_dtype(args.dtype)
     source = loading.resolve(args.model, dtype)
     print(f"loading {source.name} ({dtype}) ...", file=sys.stderr, flush=True)
     model, tokenizer = loading.load(source, dtype)
-    backend = CausalLMBackend(model, tokenizer, source.name)
+    backend = in_format(model, tokenizer, source.name, args.format)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = args.tasks.split(",")
     meta = {
         "model": source.name,
         "dtype": dtype,  # as resolved: "int8" runs fp32 weights with int8 copies
+        "format": args.format,
         "items": args.items,
         "seed": args.seed,
         "fingerprint": loading.fingerprint(source),
@@ -617,6 +619,21 @@ def run(args) -> None:
     report([out])
 
 
+def in_format(model, tokenizer, name: str, fmt: str):
+    """The backend asking in one of realtext's prompt formats (chat template or not, the system turn, the
+    yes/no and score answer words); "chat" is what prefill serves."""
+    from prefill.backends.causal_lm import CausalLMBackend
+
+    chat, system, noul, score = FORMATS[fmt]
+    return CausalLMBackend(model, tokenizer, name, chat=chat, system=system, noul_words=noul, score_words=score)
+
+
+def run_name(meta: dict) -> str:
+    """A saved run's model, with its prompt format where it is not the served one."""
+    fmt = meta.get("format", "chat")
+    return meta["model"] if fmt == "chat" else f"{meta['model']}, {fmt}"
+
+
 def generate(args) -> None:
     """The same model generating its answers (greedy, after prefill's own prompt, parsed to a declared option:
     evaluate.generated_answer) for the first `--generate` texts of each task of a saved run, then those
@@ -624,14 +641,13 @@ def generate(args) -> None:
     from tqdm import tqdm
 
     from prefill import loading
-    from prefill.backends.causal_lm import CausalLMBackend
     from prefill.evaluation.evaluate import generated_answer, parse_questions
 
     out = Path(args.out)
     meta, _ = load(out)
     source = loading.resolve(meta["model"], meta["dtype"])
     model, tokenizer = loading.load(source, meta["dtype"])
-    backend = CausalLMBackend(model, tokenizer, source.name)
+    backend = in_format(model, tokenizer, source.name, meta.get("format", "chat"))
     with open(out / "generated.jsonl", "w", encoding="utf-8") as f:
         for name in meta["tasks"]:
             chosen = of_types(items(TASKS[name], meta["items"], meta["seed"]), meta.get("types"))[: args.generate]
@@ -701,7 +717,7 @@ def report(outs: list[Path]) -> dict:
     result = {}
     for out in outs:
         meta, rows = load(out)
-        print(f"\n## {meta['model']} ({meta['dtype']}): {meta['items']} texts a task, seed {meta['seed']}\n")
+        print(f"\n## {run_name(meta)} ({meta['dtype']}): {meta['items']} texts a task, seed {meta['seed']}\n")
         cells = grouped(rows, lambda r: (r["task"], r["type"]))
         print("| task | type | n | " + " | ".join(str(w) for w in ways()) + " |")
         print("|---|---|---|" + "---|" * len(ways()))
@@ -926,7 +942,7 @@ def side_by_side(outs: list[Path]) -> None:
     from prefill.scoring import DEFAULT
 
     runs = [load(out) for out in outs]
-    print("| task | type | n | majority / chance | " + " | ".join(m["model"] for m, _ in runs) + " |")
+    print("| task | type | n | majority / chance | " + " | ".join(run_name(m) for m, _ in runs) + " |")
     print("|---|---|---|---|" + "---|" * len(runs))
     cells = [grouped(rows, lambda r: (r["task"], r["type"])) for _, rows in runs]
     means: list[list[float]] = [[] for _ in runs]
@@ -992,6 +1008,12 @@ def main() -> None:
         "--types",
         default="noul,choice,score",
         help="comma-separated question types to ask (default all): a run about one type costs less",
+    )
+    ap.add_argument(
+        "--format",
+        default="chat",
+        choices=FORMATS,
+        help="the prompt format (benchmarks/realtext.py FORMATS); default: chat, the one prefill serves",
     )
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", nargs="+", default=None, help="only print the tables of saved runs")

@@ -1,6 +1,7 @@
 """The real-task suite's draws (benchmarks/tasks.py, benchmarks/distill_tasks.py) on the Drugs.com reviews it
 reads from a PyPI wheel: a label with fewer texts than asked gives all of them and the others as many as asked;
-distillation rows with the unlabelled texts mixed in keep the labelled draw and carry gold null."""
+distillation rows with the unlabelled texts mixed in keep the labelled draw and carry gold null; a run in
+another prompt format asks in that format and says so."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 from collections import Counter
 
 from benchmarks.distill_tasks import write_task
-from benchmarks.tasks import CLINICS, CONDITIONS, items, other_condition_texts
+from benchmarks.tasks import CLINICS, CONDITIONS, in_format, items, other_condition_texts, run_name
+from prefill.schema import Noul
+
+from .conftest import make_model
 
 
 def test_a_small_label_gives_all_its_texts_and_the_others_as_many_as_asked():
@@ -95,3 +99,14 @@ def test_the_reports_opposites_cancel_a_lean_they_share():
     assert table["alone"]["accuracy"] < 0.6 and table["opposite"]["accuracy"] < 0.6
     assert table["alone"]["auc"] > 0.95  # each ranks the reviews right: it is the lean that is wrong
     assert table["paired"]["accuracy"] > 0.95
+
+
+def test_a_run_in_another_prompt_format_asks_in_it_and_names_it(tokenizer):
+    model = make_model("qwen2", len(tokenizer))
+    question = Noul(type="noul", instructions="Is it?")
+    served, other = (in_format(model, tokenizer, "tiny", fmt).renderer for fmt in ("chat", "chat-truefalse"))
+    decode = tokenizer.decode
+    assert [decode(a) for a in served.question(question).answers][0].startswith("Yes")
+    assert [decode(a) for a in other.question(question).answers][0].startswith("True")
+    assert run_name({"model": "m", "format": "chat"}) == run_name({"model": "m"}) == "m"
+    assert run_name({"model": "m", "format": "chat-truefalse"}) == "m, chat-truefalse"
