@@ -936,17 +936,28 @@ def own_temperature_ece(rows: list[dict], served: dict, meta: dict) -> float:
     return ece(preds)
 
 
+def shared_cells(cells: list[dict]) -> tuple[list, list]:
+    """The (task, type) cells every run has, in the first run's order, and the others, sorted."""
+    shared = [key for key in cells[0] if all(key in c for c in cells)]
+    return shared, sorted({key for c in cells for key in c} - set(shared))
+
+
 def side_by_side(outs: list[Path]) -> None:
     """The served scoring, raw, per task x type, the runs next to each other: accuracy (macro-F1 for a
-    choice of more than two), AUC (yes/no) or Spearman (score), ECE; the majority and chance rates."""
+    choice of more than two), AUC (yes/no) or Spearman (score), ECE; the majority and chance rates. Only
+    the cells every run has (a run of some tasks or types beside a whole one); the others are named."""
     from prefill.scoring import DEFAULT
 
     runs = [load(out) for out in outs]
+    cells = [grouped(rows, lambda r: (r["task"], r["type"])) for _, rows in runs]
+    shared, left_out = shared_cells(cells)
+    if left_out:
+        print("not in every run, left out: " + ", ".join(f"{task} {qtype}" for task, qtype in left_out) + "\n")
     print("| task | type | n | majority / chance | " + " | ".join(run_name(m) for m, _ in runs) + " |")
     print("|---|---|---|---|" + "---|" * len(runs))
-    cells = [grouped(rows, lambda r: (r["task"], r["type"])) for _, rows in runs]
     means: list[list[float]] = [[] for _ in runs]
-    for key, first in cells[0].items():
+    for key in shared:
+        first = cells[0][key]
         ms = [task_metrics(c[key], softmax_rows(c[key], DEFAULT[key[1]])) for c in cells]
         for k, m in enumerate(ms):
             means[k].append(headline(m))

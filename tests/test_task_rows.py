@@ -1,7 +1,7 @@
 """The real-task suite's draws (benchmarks/tasks.py, benchmarks/distill_tasks.py) on the Drugs.com reviews it
 reads from a PyPI wheel: a label with fewer texts than asked gives all of them and the others as many as asked;
 distillation rows with the unlabelled texts mixed in keep the labelled draw and carry gold null; a run in
-another prompt format asks in that format and says so."""
+another prompt format asks in that format and says so; runs of other cells are compared on the cells they share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from collections import Counter
 
 from benchmarks.distill_tasks import write_task
-from benchmarks.tasks import CLINICS, CONDITIONS, in_format, items, other_condition_texts, run_name
+from benchmarks.tasks import CLINICS, CONDITIONS, in_format, items, other_condition_texts, run_name, shared_cells
 from prefill.schema import Noul
 
 from .conftest import make_model
@@ -110,3 +110,12 @@ def test_a_run_in_another_prompt_format_asks_in_it_and_names_it(tokenizer):
     assert [decode(a) for a in other.question(question).answers][0].startswith("True")
     assert run_name({"model": "m", "format": "chat"}) == run_name({"model": "m"}) == "m"
     assert run_name({"model": "m", "format": "chat-truefalse"}) == "m, chat-truefalse"
+
+
+def test_runs_of_other_cells_are_compared_on_the_cells_they_share():
+    whole = dict.fromkeys([("spam", "noul"), ("spam", "choice"), ("drugs", "score")])
+    part = dict.fromkeys([("messages", "noul"), ("drugs", "score"), ("spam", "noul")])
+    shared, left_out = shared_cells([part, whole])
+    assert shared == [("drugs", "score"), ("spam", "noul")]  # the first run's order
+    assert left_out == [("messages", "noul"), ("spam", "choice")]
+    assert shared_cells([whole, whole]) == (list(whole), [])
