@@ -331,7 +331,9 @@ def profile(model: str, top: int = 12) -> None:
 
 
 def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The decoder's RMSNorm as HF computes it (fp32 inside, the weight applied in the input's dtype)."""
+    """The decoder's RMSNorm as HF computes it (fp32 inside, the weight applied in the input's dtype), written
+    as a function of tensors so that one compiled kernel serves every layer (a module argument would make
+    Dynamo compile once per layer, past its recompile limit)."""
     h = x.float()
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -387,38 +389,33 @@ def fused(model: str, runs: int = 8) -> None:
     from prefill import Prefill
     from prefill.bench import STATE, nouls
 
-    from .no_bf16 import isolation
+    from .no_bf16 import isolation, seconds
 
     print(f"--fused: loading {model}", file=sys.stderr, flush=True)
     pf = Prefill(model)
     use = fused_layers(pf.backend.model)
     asked = {n: nouls(n) for n in (21, 1)}
 
-    def request(n: int) -> tuple[float, list[float]]:
+    def answers() -> list[float]:  # the SemIf request's, from a fresh state
         pf.backend.forget_states()
-        started = time.perf_counter()
-        answers = pf.engine.ask(STATE, asked[n])[0]
-        return time.perf_counter() - started, [a.noul for a in answers.values()]
+        return [a.noul for a in pf.engine.ask(STATE, asked[21])[0].values()]
 
-    request(21)  # the priors, once, and warm
+    eager = answers()  # the priors, once, and warm
     started = time.perf_counter()
     use(True)
-    for n in (21, 1, 21):
-        request(n)
+    fused_answers, _ = answers(), seconds(pf, asked[1], 1)
     print(f"{model}: compiling the fused kernels and their first requests took {time.perf_counter() - started:.1f} s")
-    seconds: dict[tuple[bool, int], list[float]] = {(on, n): [] for on in (False, True) for n in asked}
-    answers = {}
+    times: dict[tuple[bool, int], list[float]] = {(on, n): [] for on in (False, True) for n in asked}
     for run in range(runs):
         print(f"--fused: alternated run {run + 1}/{runs}", file=sys.stderr, flush=True)
         for on in (False, True):
             use(on)
             for n in asked:
-                t, answers[on, n] = request(n)
-                seconds[on, n].append(t)
+                times[on, n].append(seconds(pf, asked[n], 1))
     for on, label in ((False, "eager (served)"), (True, "fused")):
-        t21, t1 = (statistics.median(seconds[on, n]) for n in (21, 1))
+        t21, t1 = (statistics.median(times[on, n]) for n in (21, 1))
         print(f"{label}: SemIf 21 questions {t21:.3f} s, 1 question {t1:.3f} s, 21q/1q {t21 / t1:.2f}")
-    moved = max(abs(a - b) for a, b in zip(answers[False, 21], answers[True, 21]))
+    moved = max(abs(a - b) for a, b in zip(eager, fused_answers))
     use(True)
     print(f"fused vs eager: largest |dp| on the 21 answers {moved:.2e}; fused, packed vs alone {isolation(pf):.2e}")
     use(False)
