@@ -174,6 +174,40 @@ def model_dirs(tmp_path_factory, tokenizer) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
+def test_the_learning_curve_fits_nested_shares_of_the_training_rows_and_scores_only_the_held_out(monkeypatch):
+    import torch
+
+    from prefill.heads import training
+    from prefill.heads.fitting import Example
+    from prefill.heads.head import Head, HeadConfig
+
+    def example(item: int, top: int) -> Example:
+        teacher = torch.full((3,), 0.1).index_fill(0, torch.tensor([top]), 0.8)
+        x = torch.randn(1, 4, generator=torch.Generator().manual_seed(item))
+        return Example(
+            item, "distill", "choice", x, torch.zeros(3, 1, 4), torch.zeros(3), top, ["a", "b", "c"], teacher
+        )
+
+    train = [example(i, i % 3) for i in range(12)]
+    held = [example(100 + i, i % 3) for i in range(4)]
+    fitted = []
+
+    def fake_fit(examples, layers, **kw):
+        fitted.append({e.item for e in examples})
+        return final, None, {}
+
+    final = Head(
+        HeadConfig(kind="classes", layer=1, hidden=4, use_base=True, answers=["choice:a", "choice:b", "choice:c"])
+    )
+    monkeypatch.setattr(training, "fit_readouts", fake_fit)
+    curve = distill.learning_curve(train, held, [1], final)
+    assert [c["rows"] for c in curve] == [3, 6, 12]
+    assert len(fitted) == 2 and fitted[0] < fitted[1] < set(range(12))  # nested shares; `final` is all of them
+    # an untrained head scores every answer alike: it agrees wherever the teacher's top is the first answer
+    assert all(c["agreement"] == 2 / 4 for c in curve)
+    assert curve[0]["log_loss_vs_teacher"] == pytest.approx(-(0.8 + 0.2) * math.log(1 / 3))
+
+
 def run_distill(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`prefill distill` on `write_inputs`' rows and questions, then `args`."""
     data, q = tmp_path / "rows.jsonl", tmp_path / "q.json"
@@ -214,6 +248,11 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
     assert "agrees with the teacher" in run.stderr
     assert sum(b["questions"] for b in held["by_teacher_certainty"]) == 18
     assert "agreement by the teacher's certainty" in run.stderr
+    curve = report["learning_curve"]  # a quarter, a half and all of the 21 training rows, refitted
+    assert [c["rows"] for c in curve] == [5, 10, 21] and "learning curve" in run.stderr
+    # all the rows: the saved head's own fit, scored on the features it is served with
+    assert curve[-1]["agreement"] == held["agreement"]
+    assert curve[-1]["log_loss_vs_teacher"] == pytest.approx(held["log_loss_vs_teacher"], abs=1e-5)
     journaled = (out / "teacher.jsonl").read_text().splitlines()
     assert len(journaled) == 31  # a header and one line per row
     again = run_distill(tmp_path, *args)  # the journal is complete: the teacher is asked nothing

@@ -49,6 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the cascade's target: the threshold escalating fewest questions that reaches it",
     )
     add_kind_argument(p, "auto", more_help=" on the training rows")
+    p.add_argument(
+        "--no-curve",
+        action="store_true",
+        help="skip the learning curve (the head refitted on a quarter and a half of the training rows, scored "
+        "on the held-out ones beside the head trained on all: whether asking the teacher more rows would pay)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out",
@@ -78,7 +84,7 @@ def teacher_of(args, settings: Settings):
 
 def run(settings: Settings, args) -> int:
     from ..batch import BatchError, load_questions
-    from ..heads import distill, training
+    from ..heads import distill
     from ..loading import ModelNotFound
 
     out = Path(args.out)
@@ -108,18 +114,7 @@ def run(settings: Settings, args) -> int:
         print(nothing_taught(distill.teacher_summary(entries, questions), journal.path), file=sys.stderr)
         return 1
     student = build_prefill(settings.replace(readouts=(), fallback_below=None), "distill")
-    layers = training.default_layers(student.backend.depth, 1, 0)
-    trained = training.train_heads(
-        student.backend,
-        items,
-        targets,
-        layers,
-        kind=args.kind,
-        model=student.name,
-        rl_weight=0.0,
-        label_weight=0.0,
-        out=out,
-    )
+    trained, curve = train_student(student, items, targets, distill.student_items(held, entries, questions), args)
     engine = student.add_readout(str(out), f"{student.name}+distilled")
     report = {
         "teacher": args.teacher or args.teacher_model,
@@ -129,10 +124,32 @@ def run(settings: Settings, args) -> int:
         "training": {k: trained[k] for k in ("items", "questions", "saved") if k in trained},
         "held_out": distill.held_out_report(engine, held, entries, questions, args.target_agreement),
     }
+    if curve is not None:
+        report["learning_curve"] = curve
     (out / "distill.json").write_text(json.dumps(report, indent=2) + "\n")
     print(summary(report), file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def train_student(student, items, targets, held: tuple, args) -> tuple[dict, list[dict] | None]:
+    """The student's head trained on the teacher's distributions of the training rows and saved under --out;
+    then, on the same features, the learning curve (`distill.learning_curve`) unless --no-curve."""
+    from ..heads import distill, training
+    from ..heads.fitting import extract
+    from ..heads.head import Head
+
+    backend = student.backend
+    layers = training.default_layers(backend.depth, 1, 0)
+    examples = extract(backend, items, layers, targets)
+    options = dict(kind=args.kind, model=student.name, rl_weight=0.0, label_weight=0.0)
+    trained = training.train_heads(backend, items, targets, layers, out=Path(args.out), examples=examples, **options)
+    held_items, held_targets = held
+    if args.no_curve or not held_items:
+        return trained, None
+    held_examples = extract(backend, held_items, layers, held_targets, progress="held-out features")
+    final = Head.load(Path(args.out) / "final.json")
+    return trained, distill.learning_curve(examples, held_examples, layers, final)
 
 
 def nothing_taught(teacher_answers: dict, journal: Path) -> str:
@@ -183,6 +200,10 @@ def summary(report: dict) -> str:
             f"questions (agreement {bare['agreement']:.0%}): its certainty there is unknown, so they are in no band, "
             "and the student learnt them as near-certain (a server that returns logprobs teaches it more)"
         )
+    curve = report.get("learning_curve")
+    if curve:
+        points = ", ".join(f"{c['rows']} rows {c['agreement']:.1%}" for c in curve)
+        lines.append(f"  learning curve (the head refitted on part of the training rows; held-out agreement): {points}")
     c = h["cascade_for_target"]
     if c.get("reached", True):
         lines.append(

@@ -198,10 +198,12 @@ def train_heads(
     rl_weight: float,
     label_weight: float,
     out: Path,
+    examples: Sequence[Example] | None = None,
 ) -> dict:
     """`prefill train`: the final head (and an early-exit one when `layers` has two) trained on the frozen
-    model's features and saved under `out` as final.* and early.*; the training report."""
-    examples = extract(backend, items, layers, teacher)
+    model's features and saved under `out` as final.* and early.*; the training report. `examples`: the
+    items' features when the caller has extracted them already (`prefill distill` reuses them)."""
+    examples = examples if examples is not None else extract(backend, items, layers, teacher)
     final, early_head, report = fit_readouts(
         examples,
         layers,
