@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..batch import read_rows, state_of
 from ..engine import choice_confidence
 from ..evaluation.evaluate import Item, gold_index
+from ..evaluation.metrics import argmax
 from ..fallback import is_unscored
 from ..schema import AnyQuestion, Choice, Noul
 
@@ -303,19 +304,15 @@ def held_out_report(
 def _compare(q: AnyQuestion, student: Sequence[float], teacher: Sequence[float], gold: Any) -> dict:
     gold_i = gold_index(q, gold) if gold is not None else None
     return {
-        "agrees": _top(student) == _top(teacher),
+        "agrees": argmax(student) == argmax(teacher),
         "confidence": choice_confidence(student),
         "log_loss": _cross_entropy(teacher, student),
         "gold": gold_i,
-        "student_right": _top(student) == gold_i,
-        "teacher_right": _top(teacher) == gold_i,
+        "student_right": argmax(student) == gold_i,
+        "teacher_right": argmax(teacher) == gold_i,
         "teacher_top": max(teacher),
         "teacher_scored": not is_unscored(list(teacher)),
     }
-
-
-def _top(p: Sequence[float]) -> int:
-    return max(range(len(p)), key=p.__getitem__)
 
 
 def _cross_entropy(teacher: Sequence[float], student: Sequence[float]) -> float:
@@ -389,22 +386,27 @@ def learning_curve(
 
     rows = sorted({e.item for e in train})
     random.Random(seed).shuffle(rows)
+    options = dict(kind=final.cfg.kind, model=final.cfg.model, fingerprint=final.cfg.fingerprint)
     heads = []
-    for fraction in fractions:
+    for k, fraction in enumerate(fractions, 1):
         kept = set(rows[: max(2, round(fraction * len(rows)))])
         subset = [e for e in train if e.item in kept]
-        options = dict(kind=final.cfg.kind, model=final.cfg.model, fingerprint=final.cfg.fingerprint)
-        heads.append((len(kept), fit_readouts(subset, layers, rl_weight=0.0, label_weight=0.0, **options)[0]))
+        print(
+            f"learning curve {k}/{len(fractions)}: the head refitted on {len(kept)} of {len(rows)} rows",
+            file=sys.stderr,
+        )
+        fitted = fit_readouts(subset, layers, rl_weight=0.0, label_weight=0.0, progress=True, **options)
+        heads.append((len(kept), fitted[0]))
     heads.append((len(rows), final))
     scored = [e for e in held if e.teacher is not None]
+    teacher = [e.teacher.tolist() for e in scored]
     out = []
     for n, head in heads:
-        teacher = [e.teacher.tolist() for e in scored]
         probs = predict(head, scored, len(layers) - 1)
         out.append(
             {
                 "rows": n,
-                "agreement": sum(_top(p) == _top(t) for p, t in zip(probs, teacher)) / max(1, len(scored)),
+                "agreement": sum(argmax(p) == argmax(t) for p, t in zip(probs, teacher)) / max(1, len(scored)),
                 "log_loss_vs_teacher": sum(map(_cross_entropy, teacher, probs)) / max(1, len(scored)),
             }
         )
