@@ -32,6 +32,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from tqdm import tqdm
+
 ARCHIVE = "http://deb.debian.org/debian/dists/bookworm/main"
 FILES = {"packages": "binary-amd64/Packages.xz", "descriptions": "i18n/Translation-en.xz"}
 MAX_CHARS = 600
@@ -67,7 +69,15 @@ def index_file(which: str) -> Path:
         url = f"{ARCHIVE}/{FILES[which]}"
         print(f"downloading {url} into {folder} ...", file=sys.stderr, flush=True)
         partial = path.with_suffix(".partial")
-        urllib.request.urlretrieve(url, partial)
+        with tqdm(desc=path.name, unit="B", unit_scale=True, file=sys.stderr) as bar:
+
+            def shown(blocks: int, block_size: int, total: int) -> None:
+                done = blocks * block_size
+                if total > 0:  # the server said the size: the last block may run past it
+                    bar.total, done = total, min(done, total)
+                bar.update(done - bar.n)
+
+            urllib.request.urlretrieve(url, partial, reporthook=shown)
         partial.rename(path)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         print(f"  {path.name}: sha256 {digest}", file=sys.stderr, flush=True)
