@@ -1022,6 +1022,30 @@ def write_labelled(tasks: list[str], n: int, seed: int, path: Path) -> None:
     print(f"wrote {lines} labelled texts of {', '.join(tasks)} to {path}", file=sys.stderr)
 
 
+def side_main(doc: str, allowed, run, report, default_tasks: str | None = None, **items) -> None:
+    """The command line of the suite's side benchmarks (option_order, one_vs_rest): --model, --dtype, --tasks
+    (of `allowed`), --items (`items`: its argparse options), --seed, then a run into --out or the table of a
+    saved --report."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
+    ap.add_argument("--dtype", default="auto", help="as prefill's --dtype")
+    ap.add_argument("--tasks", default=default_tasks or ",".join(allowed), help=f"of {', '.join(allowed)}")
+    ap.add_argument("--items", **items)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", default=None, help="only print the table of a saved run")
+    args = ap.parse_args()
+    unknown = [t for t in args.tasks.split(",") if t not in allowed]
+    if unknown:
+        ap.error(f"--tasks: {', '.join(unknown)} not one of {', '.join(allowed)}")
+    if args.report:
+        report(Path(args.report))
+    elif args.out:
+        run(args)
+    else:
+        ap.error("give --out (a run) or --report (its table)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")

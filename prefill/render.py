@@ -274,7 +274,10 @@ class Renderer:
         return self._trusted(self.format.head) + self._user(render_text(state))
 
     def question(self, q: AnyQuestion) -> Branches:
-        r = render_question(q, self.noul_words, self.score_words)
+        return self.branches(render_question(q, self.noul_words, self.score_words))
+
+    def branches(self, r: Rendered) -> Branches:
+        """A rendered question's prompt and answers as token ids, in this prompt format."""
         prompt = self._user(self.format.between + r.prompt) + self._trusted(self.format.tail)
         end = self._trusted(self.format.end)
         return Branches(tuple(prompt), tuple(tuple(self._user(a) + end) for a in r.answers), len(end))

@@ -110,3 +110,74 @@ def test_the_element_wise_work_fused_by_torch_compile_answers_as_eager(tmp_path,
     assert lines[1].startswith("eager (served): SemIf 21 questions ") and lines[2].startswith("fused: SemIf 21 ")
     moved, isolated = (float(part.split()[-1]) for part in lines[3].split(";"))
     assert moved < 1e-5 and isolated < 1e-5  # other kernels, the same arithmetic: fp32 rounding only
+
+
+def side_benchmark(tmp_path, tokenizer, module: str):
+    """benchmarks.MODULE on a tiny model saved here: a function running it with more arguments."""
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", "--model", str(model), "--dtype", "float32"]
+    return lambda *args: subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_an_option_order_run_asks_each_choice_in_both_orders(tmp_path, tokenizer):
+    """benchmarks.option_order as the README runs it: every choice question of the chosen tasks asked with its
+    options as served and reversed, the same questions in each, and the table from the saved run."""
+    bench, out = side_benchmark(tmp_path, tokenizer, "option_order"), tmp_path / "o"
+    run = bench("--items", "4,language=8", "--tasks", "fr_reviews,language", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+    keys = {o: [(r["task"], r["qid"], r["item"]) for r in rows if r["order"] == o] for o in ("sorted", "reversed")}
+    assert keys["sorted"] == keys["reversed"] and {r["type"] for r in rows} == {"choice"}
+    assert {k[0] for k in keys["sorted"]} == {"fr_reviews", "language"}
+    # a random model reads the two listings otherwise: the orders are not the same prompt
+    by = {(r["order"], r["task"], r["qid"], r["item"]): r["readouts"]["whole"] for r in rows}
+    assert any(by[("sorted", *k)] != by[("reversed", *k)] for k in keys["sorted"])
+    again = bench("--report", str(out))
+    assert again.returncode == 0 and again.stdout == run.stdout
+    assert "| language | which |" in run.stdout and "| mean over phrasings |" in run.stdout
+    bad = bench("--tasks", "sarcasm", "--out", str(out))
+    assert bad.returncode == 2 and "sarcasm not one of" in bad.stderr
+
+
+def test_options_listed_in_reverse_keep_the_answers_and_the_question():
+    """benchmarks.option_order's reversed listing: only the option lines move, the answers stay in the
+    caller's order, both orders read together are a distribution that sides with the two where they agree, and
+    the escalation columns count what they say."""
+    from benchmarks.option_order import both_orders, escalation, listed_in_reverse, top
+    from prefill.render import render_question
+    from prefill.schema import Choice
+
+    q = Choice(instructions="Which team?", criteria={"Sales": None, "Billing": "Invoices, refunds", "Tech": None})
+    served = render_question(q)
+    rev = listed_in_reverse(served)
+    assert rev.answers == served.answers == ("Sales", "Billing", "Tech")
+    assert served.prompt.split("\n")[2:5] == ["- Billing: Invoices, refunds", "- Sales", "- Tech"]
+    assert rev.prompt.split("\n")[2:5] == ["- Tech", "- Sales", "- Billing: Invoices, refunds"]
+    assert rev.prompt.split("\n")[:2] == served.prompt.split("\n")[:2]
+    assert rev.prompt.split("\n")[-1] == served.prompt.split("\n")[-1]
+    both = both_orders([0.7, 0.2, 0.1], [0.5, 0.1, 0.4])
+    assert abs(sum(both) - 1) < 1e-12 and top(both) == 0 and both[2] > 0.1
+    # (confidence, right, the orders agree): 3 of 4 agree, 2 of those right; the 3 most confident, 1 right
+    kept = escalation([(0.9, True, True), (0.8, False, False), (0.3, True, True), (0.6, False, True)])
+    assert kept == {"moved": 0.25, "agreeing": 2 / 3, "most_confident": 1 / 3}
+
+
+def test_a_one_vs_rest_run_asks_one_yes_no_per_destination(tmp_path, tokenizer):
+    """benchmarks.one_vs_rest as the README runs it: each routing text asked one yes/no question per
+    destination in every form, beside the two choice phrasings, and the table from the saved run."""
+    from benchmarks.one_vs_rest import FORMS, routed, table
+
+    bench, out = side_benchmark(tmp_path, tokenizer, "one_vs_rest"), tmp_path / "o"
+    run = bench("--items", "12", "--tasks", "lists", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(len(r[form]) == 6 for r in rows for form in [*FORMS, "route", "team"])
+    assert all(abs(sum(r["route"]) - 1) < 1e-6 for r in rows)
+    m = table(rows)["lists"]
+    assert m["about, name"] == sum(routed(r["about, name"]) == r["gold"] for r in rows) / 12
+    again = bench("--report", str(out))
+    assert again.returncode == 0 and again.stdout == run.stdout and "| lists | 12 |" in run.stdout
+    bad = bench("--tasks", "spam", "--out", str(out))
+    assert bad.returncode == 2 and "spam not one of" in bad.stderr
