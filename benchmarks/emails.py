@@ -37,7 +37,10 @@ def archive() -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         print(f"downloading {PACKAGE} (npm, 20 MB) into {folder} ...", file=sys.stderr, flush=True)
         try:
-            subprocess.run(["npm", "pack", "-q", PACKAGE, "--pack-destination", str(folder)], check=True)
+            # npm prints the tarball's name on stdout, which is the benchmark's table
+            subprocess.run(
+                ["npm", "pack", "-q", PACKAGE, "--pack-destination", str(folder)], check=True, stdout=subprocess.DEVNULL
+            )
         except FileNotFoundError:
             raise SystemExit("the spam task reads an npm package: install npm (apt-get install npm)") from None
     return path

