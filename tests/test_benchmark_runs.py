@@ -181,3 +181,46 @@ def test_a_one_vs_rest_run_asks_one_yes_no_per_destination(tmp_path, tokenizer):
     assert again.returncode == 0 and again.stdout == run.stdout and "| lists | 12 |" in run.stdout
     bad = bench("--tasks", "spam", "--out", str(out))
     assert bad.returncode == 2 and "spam not one of" in bad.stderr
+
+
+def test_a_temperature_by_the_questions_features_is_fitted_and_checked_leave_one_task_out():
+    """benchmarks.feature_temperature on made-up tasks whose answers are too sure on two options and not sure
+    enough on eight: a temperature by type alone cannot fit both, one that reads the number of options can, on
+    the task it never saw; and by type alone it is the temperature the suite's per-type fit finds."""
+    import math
+    import random
+
+    from benchmarks.feature_temperature import FEATURES, fit, leave_one_task_out, question
+    from prefill.engine import softmax
+    from prefill.evaluation.calibration import fit_temperature
+    from prefill.evaluation.metrics import ece
+    from prefill.scoring import DEFAULT, Scoring
+
+    rng, rows = random.Random(0), []
+    for task in ("a", "b", "c"):
+        for k, true_t in ((2, 2.0), (8, 0.5)):
+            for _ in range(300):
+                scores = [rng.gauss(0, 2) for _ in range(k)]
+                prior = [rng.gauss(0, 0.5) for _ in range(k)]  # divided out by the served rule (PMI)
+                gold = rng.choices(range(k), weights=softmax([s / true_t for s in scores]))[0]
+                readouts = [s + p for s, p in zip(scores, prior)]
+                rows.append(
+                    {"task": task, "type": "choice", "gold": gold, "readouts": {"whole": readouts},
+                     "priors": {str(Scoring("whole", "pmi")): prior}}
+                )  # fmt: skip
+    served = {t: DEFAULT[t] for t in ("noul", "choice", "score")}
+    assert DEFAULT["choice"] == Scoring("whole", "pmi")
+    asked = [(*question(r, served), r["gold"]) for r in rows]
+    pmi = [[w - p for w, p in zip(r["readouts"]["whole"], r["priors"][str(Scoring("whole", "pmi"))])] for r in rows]
+    assert all(abs(a - b) < 1e-9 for (s, _, _), m in zip(asked, pmi) for a, b in zip(s, m))
+    assert asked[0][1][:4] == [0.0, 1.0, 0.0, math.log(2)] and 0 <= asked[0][1][4] <= 1
+    w = fit(asked, ("choice",))
+    assert all(x == 0 for f, x in zip(FEATURES, w) if f != "choice")
+    plain = fit_temperature([(softmax(s), g) for s, _, g in asked])
+    assert abs(math.exp(w[1]) - plain) < 0.01 * plain
+    ways = leave_one_task_out(rows, served)
+    assert all(abs(sum(p) - 1) < 1e-9 for v in ways.values() for p in v)
+    held = [(p, r["gold"]) for p, r in zip(ways["type + options"], rows)]
+    by_type = [(p, r["gold"]) for p, r in zip(ways["per type"], rows)]
+    raw = [(softmax(s), g) for s, _, g in asked]
+    assert ece(held) < 0.03 and ece(by_type) > 0.06 and ece(raw) > 0.06
