@@ -36,6 +36,14 @@ def test_metrics_on_known_cases():
     assert metrics.ece(overconfident) == pytest.approx(0.49)
 
 
+@pytest.mark.parametrize("p", [[0.5, math.nan], [math.nan, math.nan], [math.inf, 0.0], [1.2, -0.2]])
+def test_calibration_metrics_refuse_what_is_not_a_probability(p):
+    with pytest.raises(ValueError, match="probabilities"):
+        metrics.ece([([0.9, 0.1], 0), (p, 0)])
+    with pytest.raises(ValueError, match="probabilities"):
+        metrics.reliability([(p, 1)])
+
+
 def test_ece_floor_is_what_a_calibrated_model_shows():
     rng = random.Random(0)
     preds = []

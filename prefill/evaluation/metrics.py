@@ -48,10 +48,18 @@ def macro_f1(preds: Sequence[Prediction], labels: Sequence[Sequence[str]]) -> fl
     return sum(f1s) / len(f1s) if f1s else 0.0
 
 
+def _require_probabilities(p: Sequence[float]) -> None:
+    """A NaN would otherwise be skipped by the argmax and the bins, and a broken fit would read as a
+    calibrated one (a diverged temperature fit once printed ECE 0.000 for every cell)."""
+    if not all(-1e-6 <= x <= 1 + 1e-6 for x in p):  # False for NaN, so NaN is refused too; rounding passes
+        raise ValueError(f"probabilities must be finite and in [0, 1], got {list(p)}")
+
+
 def reliability(preds: Sequence[Prediction], bins: int = 10) -> list[dict]:
     """Top-label reliability: per equal-width confidence bin, its count, mean confidence and accuracy."""
     rows = [{"lo": i / bins, "hi": (i + 1) / bins, "n": 0, "confidence": 0.0, "accuracy": 0.0} for i in range(bins)]
     for p, g in preds:
+        _require_probabilities(p)
         k = argmax(p)
         b = rows[min(bins - 1, int(p[k] * bins))]
         b["n"] += 1
