@@ -135,16 +135,24 @@ TASK_QUESTIONS = {
     "spam": SPAM_QUESTIONS,
     "uncertainty": UNCERTAINTY_QUESTIONS,
 }
-# The prompt formats compared: (chat template, system turn, yes/no answer words, score answer words).
-# "chat-truefalse-levelnames" changes yes/no questions and score questions only, each its own way: its
-# yes/no rows compare True/False with "chat"'s Yes/No, its score rows level names with numbers.
+
+
+# The prompt formats compared, as the Renderer's options (render.py): chat template, system turn, yes/no
+# answer words, score answer words, choice answer words. "chat-truefalse-levelnames" changes yes/no
+# questions and score questions only, each its own way: its yes/no rows compare True/False with "chat"'s
+# Yes/No, its score rows level names with numbers.
+def _format(chat=True, system=True, noul_words="yesno", score_words="numbers", choice_words="names") -> dict:
+    return dict(chat=chat, system=system, noul_words=noul_words, score_words=score_words, choice_words=choice_words)
+
+
 FORMATS = {
-    "chat": (True, True, "yesno", "numbers"),
-    "chat-nosystem": (True, False, "yesno", "numbers"),
-    "chat-truefalse": (True, True, "truefalse", "numbers"),
-    "plain": (False, True, "yesno", "numbers"),
-    "chat-truefalse-levelnames": (True, True, "truefalse", "names"),
-    "chat-levelnames": (True, True, "yesno", "names"),
+    "chat": _format(),
+    "chat-nosystem": _format(system=False),
+    "chat-truefalse": _format(noul_words="truefalse"),
+    "plain": _format(chat=False),
+    "chat-truefalse-levelnames": _format(noul_words="truefalse", score_words="names"),
+    "chat-levelnames": _format(score_words="names"),
+    "chat-numberedoptions": _format(choice_words="numbers"),
 }
 
 
@@ -502,10 +510,7 @@ def run(args) -> None:
         "formats": {},
     }
     for fmt in args.formats.split(","):
-        chat, system, words, levels = FORMATS[fmt]
-        backend = CausalLMBackend(
-            model, tokenizer, source.name, chat=chat, system=system, noul_words=words, score_words=levels
-        )
+        backend = CausalLMBackend(model, tokenizer, source.name, **FORMATS[fmt])
         path = out / f"scores-{fmt}.jsonl"
         with open(path, "w", encoding="utf-8") as f:
             for k, (task, its) in enumerate(items.items(), 1):
@@ -648,12 +653,16 @@ def report(out: Path, default: str | None = None, write_calibration: str | None 
     result["chosen"] = {"format": fmt, "scoring": {t: str(w) for t, w in chosen.items()}}
     print(f"chosen: format {fmt}, scoring {result['chosen']['scoring']}\n")
     if served:
-        from prefill.render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
+        from prefill import render
         from prefill.scoring import DEFAULT
 
-        fmt = next(
-            f for f, v in FORMATS.items() if v == (True, DEFAULT_SYSTEM, DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS)
+        served_format = _format(
+            system=render.DEFAULT_SYSTEM,
+            noul_words=render.DEFAULT_NOUL_WORDS,
+            score_words=render.DEFAULT_SCORE_WORDS,
+            choice_words=render.DEFAULT_CHOICE_WORDS,
         )
+        fmt = next(f for f, v in FORMATS.items() if v == served_format)
         chosen = dict(DEFAULT)
         result["served"] = {"format": fmt, "scoring": {t: str(w) for t, w in chosen.items()}}
         print(f"detailed: what prefill serves, format {fmt}, scoring {result['served']['scoring']}\n")
@@ -671,8 +680,7 @@ def report(out: Path, default: str | None = None, write_calibration: str | None 
             "scoring": {t: str(w) for t, w in chosen.items()},
             "held_out": {k: v for k, v in result["detail"].items() if k.endswith("calibrated")},
         }
-        chat, system, words, levels = FORMATS[fmt]
-        cal.setup = setup(SimpleNamespace(chat=chat, system=system, noul_words=words, score_words=levels), chosen)
+        cal.setup = setup(SimpleNamespace(**FORMATS[fmt]), chosen)
         cal.save(write_calibration)
         print(f"calibration -> {write_calibration}: {cal.by_type}")
     (out / "report.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -641,11 +641,10 @@ def run(args) -> None:
 
 def in_format(model, tokenizer, name: str, fmt: str):
     """The backend asking in one of realtext's prompt formats (chat template or not, the system turn, the
-    yes/no and score answer words); "chat" is what prefill serves."""
+    yes/no, score and choice answer words); "chat" is what prefill serves."""
     from prefill.backends.causal_lm import CausalLMBackend
 
-    chat, system, noul, score = FORMATS[fmt]
-    return CausalLMBackend(model, tokenizer, name, chat=chat, system=system, noul_words=noul, score_words=score)
+    return CausalLMBackend(model, tokenizer, name, **FORMATS[fmt])
 
 
 def run_name(meta: dict) -> str:

@@ -195,7 +195,8 @@ def setup(renderer, scoring: Mapping[str, Scoring]) -> dict[str, str]:
     """What a calibration's temperatures depend on besides the weights: the prompt and the scoring."""
     return {
         "prompt": f"{'chat' if renderer.chat else 'plain'}{'' if renderer.system else '-nosystem'}"
-        f"-{renderer.noul_words}{'-levelnames' if renderer.score_words == 'names' else ''}",
+        f"-{renderer.noul_words}{'-levelnames' if renderer.score_words == 'names' else ''}"
+        f"{'-numberedoptions' if renderer.choice_words == 'numbers' else ''}",
         **{t: str(w) for t, w in sorted(scoring.items())},
     }
 

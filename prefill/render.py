@@ -33,6 +33,8 @@ DEFAULT_SYSTEM = True
 DEFAULT_NOUL_WORDS = "yesno"
 DEFAULT_SCORE_WORDS = "numbers"
 SCORE_WORDS = ("numbers", "names")
+DEFAULT_CHOICE_WORDS = "names"
+CHOICE_WORDS = ("names", "numbers")
 
 
 # ---------------------------------------------------------------- structured text
@@ -92,12 +94,15 @@ class Rendered:
 
 
 def render_question(
-    q: AnyQuestion, noul_words: str = DEFAULT_NOUL_WORDS, score_words: str = DEFAULT_SCORE_WORDS
+    q: AnyQuestion,
+    noul_words: str = DEFAULT_NOUL_WORDS,
+    score_words: str = DEFAULT_SCORE_WORDS,
+    choice_words: str = DEFAULT_CHOICE_WORDS,
 ) -> Rendered:
     if isinstance(q, Noul):
         return _render_noul(q, *ANSWER_WORDS[noul_words])
     if isinstance(q, Choice):
-        return _render_choice(q)
+        return _render_choice(q, numbered=choice_words == "numbers")
     return _render_score_names(q) if score_words == "names" else _render_score(q)
 
 
@@ -117,14 +122,22 @@ def _render_noul(q: Noul, yes: str = YES, no: str = NO) -> Rendered:
     return Rendered("\n".join(lines), (yes, no))
 
 
-def _render_choice(q: Choice) -> Rendered:
+def _render_choice(q: Choice, numbered: bool = False) -> Rendered:
+    """Options listed sorted by name and answered by name, or (`numbered`) listed "1. name" and answered
+    by that number, as a score's levels are."""
     lines = [
         _question_line(q, "Which option fits the text best?"),
         "Options:",
     ]
-    for name in sorted(q.criteria):  # canonical order: the request's option order must not matter
-        desc = q.criteria[name]
-        lines.append(f"- {name}: {_inline(desc)}" if desc is not None and _inline(desc) else f"- {name}")
+    names = sorted(q.criteria)  # canonical order: the request's option order must not matter
+    for i, name in enumerate(names, 1):
+        desc = _inline(q.criteria[name]) if q.criteria[name] is not None else ""
+        mark = f"{i}." if numbered else "-"
+        lines.append(f"{mark} {name}: {desc}" if desc else f"{mark} {name}")
+    if numbered:
+        lines.append("Answer with the number of exactly one option.")
+        number = {name: str(i) for i, name in enumerate(names, 1)}
+        return Rendered("\n".join(lines), tuple(number[name] for name in q.criteria))
     lines.append("Answer with the name of exactly one option.")
     return Rendered("\n".join(lines), tuple(q.criteria))
 
@@ -227,8 +240,9 @@ class Renderer:
     """Turns states and questions into token ids for one tokenizer and prompt format.
 
     `system` (the instruction as a system turn), `noul_words` (yes/no questions answered "Yes"/"No" or
-    "True"/"False") and `score_words` (levels answered by number or by name) are the prompt choices
-    measured on real labelled text (benchmarks/realtext.py)."""
+    "True"/"False"), `score_words` (levels answered by number or by name) and `choice_words` (options
+    answered by name or by their number in the listing) are the prompt choices measured on real labelled
+    text (benchmarks/realtext.py, benchmarks/tasks.py)."""
 
     def __init__(
         self,
@@ -237,6 +251,7 @@ class Renderer:
         system: bool = DEFAULT_SYSTEM,
         noul_words: str = DEFAULT_NOUL_WORDS,
         score_words: str = DEFAULT_SCORE_WORDS,
+        choice_words: str = DEFAULT_CHOICE_WORDS,
     ):
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
@@ -246,7 +261,10 @@ class Renderer:
             raise ValueError(f"noul_words must be one of {', '.join(ANSWER_WORDS)}, not {noul_words!r}")
         if score_words not in SCORE_WORDS:
             raise ValueError(f"score_words must be one of {', '.join(SCORE_WORDS)}, not {score_words!r}")
+        if choice_words not in CHOICE_WORDS:
+            raise ValueError(f"choice_words must be one of {', '.join(CHOICE_WORDS)}, not {choice_words!r}")
         self.system, self.noul_words, self.score_words = system, noul_words, score_words
+        self.choice_words = choice_words
         if self.chat:
             self.format = PromptFormat.from_chat_template(tokenizer, system)
         else:
@@ -274,7 +292,7 @@ class Renderer:
         return self._trusted(self.format.head) + self._user(render_text(state))
 
     def question(self, q: AnyQuestion) -> Branches:
-        return self.branches(render_question(q, self.noul_words, self.score_words))
+        return self.branches(render_question(q, self.noul_words, self.score_words, self.choice_words))
 
     def branches(self, r: Rendered) -> Branches:
         """A rendered question's prompt and answers as token ids, in this prompt format."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .backends.cpu import DTYPES
 from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS
-from .render import DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
+from .render import CHOICE_WORDS, DEFAULT_CHOICE_WORDS, DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
 
 
 def flag(name: str, help: str, *, parse: Callable | None = None, **argparse_kw) -> dict:
@@ -146,6 +146,14 @@ class Settings:
             "--score-words",
             f"a score question's levels answered by number or by their own words (default {DEFAULT_SCORE_WORDS})",
             choices=["numbers", "names"],
+        ),
+    )
+    choice_words: str = field(
+        default=DEFAULT_CHOICE_WORDS,
+        metadata=flag(
+            "--choice-words",
+            f"a choice's options answered by name or by their number in the listing (default {DEFAULT_CHOICE_WORDS})",
+            choices=list(CHOICE_WORDS),
         ),
     )
     scoring: dict[str, str] | None = field(

@@ -3,6 +3,8 @@ become a special token."""
 
 from __future__ import annotations
 
+import pytest
+
 from prefill.render import Renderer, render_question, render_text
 from prefill.schema import Choice, Noul, Score
 
@@ -75,11 +77,39 @@ def test_prompt_choices_render_as_documented(tokenizer):
     assert without.state("x") != with_system.state("x")
 
 
-def test_a_prompt_choice_keeps_every_invariance(tiny_model, tokenizer):
+def test_numbered_options_are_listed_canonically_and_answered_by_their_number():
+    a = render_question(Choice("Which?", {"b": "second", "a": None, "c": ["x", "y"]}), choice_words="numbers")
+    b = render_question(Choice("Which?", {"c": ["x", "y"], "a": None, "b": "second"}), choice_words="numbers")
+    assert a.prompt == b.prompt and "Options:\n1. a\n2. b: second\n3. c: - x - y\n" in a.prompt
+    assert a.prompt.endswith("Answer with the number of exactly one option.")
+    assert a.answers == ("2", "1", "3") and b.answers == ("3", "1", "2")  # each option keeps its number
+    many = render_question(Choice("Which?", [f"team {i:02d}" for i in range(12)]), choice_words="numbers")
+    assert many.answers == tuple(str(i) for i in range(1, 13))  # "1" and "10": told apart by the end marker
+
+
+@pytest.mark.parametrize(
+    "options", [dict(system=False, noul_words="truefalse", score_words="names"), dict(choice_words="numbers")]
+)
+def test_a_prompt_choice_keeps_every_invariance(tiny_model, tokenizer, options):
     from prefill.engine import Engine
 
     from .conftest import make_backend
     from .test_readout import assert_invariances
 
-    engine = Engine(make_backend(tiny_model, tokenizer, system=False, noul_words="truefalse", score_words="names"))
+    engine = Engine(make_backend(tiny_model, tokenizer, **options))
     assert_invariances(engine, Engine(make_backend(tiny_model, tokenizer)))
+
+
+def test_numbered_options_score_every_number_whole(tiny_model, tokenizer):
+    """Twelve options answered "1".."12": "1" and "10"-"12" share their first token, and each is still
+    read whole, in any listing order the request gives."""
+    from prefill.engine import Engine
+
+    from .conftest import make_backend
+
+    engine = Engine(make_backend(tiny_model, tokenizer, choice_words="numbers"))
+    names = [f"team {i:02d}" for i in range(12)]
+    a = engine.ask("a ticket", {"q": Choice("Which team?", names)})[0]["q"].probabilities
+    b = engine.ask("a ticket", {"q": Choice("Which team?", names[::-1])})[0]["q"].probabilities
+    assert sum(a.values()) == pytest.approx(1) and len(set(a.values())) == 12
+    assert all(abs(a[n] - b[n]) <= 1e-6 for n in names)

@@ -69,7 +69,7 @@ class CausalLMBackend(HiddenStates, Backend):
         state_pack_tokens: int = 2048,
         **prompt,
     ):
-        """`prompt`: the Renderer's options (chat, system, noul_words, score_words; render.py)."""
+        """`prompt`: the Renderer's options (chat, system, noul_words, score_words, choice_words; render.py)."""
         self.model = model.eval()
         self.name = name
         self.renderer = Renderer(tokenizer, **prompt)

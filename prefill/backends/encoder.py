@@ -79,6 +79,7 @@ class EncoderRenderer:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.chat, self.system, self.noul_words, self.score_words = False, False, "yesno", "names"
+        self.choice_words = "names"
 
     def _ids(self, text: str) -> tuple[int, ...]:
         return (

@@ -41,7 +41,11 @@ def _construct(settings: Settings, source: loading.ModelSource, encoder: bool, d
     import torch
 
     prompt = dict(
-        chat=settings.chat, system=settings.system, noul_words=settings.noul_words, score_words=settings.score_words
+        chat=settings.chat,
+        system=settings.system,
+        noul_words=settings.noul_words,
+        score_words=settings.score_words,
+        choice_words=settings.choice_words,
     )
     if encoder:
         if settings.backend != "torch":

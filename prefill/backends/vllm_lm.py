@@ -97,7 +97,7 @@ class VLLMBackend(Backend):
         llm_options: dict | None = None,
         **prompt,
     ):
-        """`prompt`: the Renderer's options (chat, system, noul_words, score_words; render.py)."""
+        """`prompt`: the Renderer's options (chat, system, noul_words, score_words, choice_words; render.py)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KV_CACHE_GIB))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are about tuning, not us
         from vllm.platforms import current_platform
