@@ -12,12 +12,11 @@ pair as the case where pairing is known to help.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from .tasks import TASKS, items, task_metrics
+from .tasks import TASKS, items, side_main, task_metrics
 
 SPAM = (
     "Is this email spam?",
@@ -82,7 +81,7 @@ def accuracy_auc(rows: list[dict], key: str, flip: bool = False) -> str:
     return f"{m['accuracy']:.2f} / {m['auc']:.2f}"
 
 
-def report(results: dict) -> str:
+def table(results: dict) -> str:
     lines = [
         "accuracy / AUC for the question (an opposite's P(yes) read as P(no) for it)",
         "",
@@ -97,35 +96,28 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
-    ap.add_argument("--dtype", default="auto", help="as prefill's --dtype")
-    ap.add_argument("--tasks", default=",".join(CANDIDATES), help=f"comma-separated, of {', '.join(CANDIDATES)}")
-    ap.add_argument("--items", type=int, default=48, help="texts a task, as many of each label")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="a folder: results.json")
-    ap.add_argument("--report", default=None, help="only print the table of a saved run")
-    args = ap.parse_args()
-    if args.report:
-        print(report(json.loads((Path(args.report) / "results.json").read_text())))
-        return
-    names = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in names if t not in CANDIDATES]
-    if unknown:
-        ap.error(f"--tasks: {', '.join(unknown)} not one of {', '.join(CANDIDATES)}")
+def run(args) -> None:
+    """Every task asked in turn, results.json rewritten after each, then the table."""
     from prefill import Prefill
 
+    names = [t for t in args.tasks.split(",") if t]
     print(f"opposites: loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     pf = Prefill(args.model, dtype=args.dtype)
-    results = {}
+    results, out = {}, Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for k, name in enumerate(names, 1):
         print(f"opposites: task {k} of {len(names)}: {name}, {args.items} texts", file=sys.stderr, flush=True)
         results[name] = run_task(pf, name, args.items, args.seed)
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1))
-    print(report(results))
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+
+
+def report(path: Path) -> None:
+    print(table(json.loads((path / "results.json").read_text())))
+
+
+def main() -> None:
+    side_main(__doc__, CANDIDATES, run, report, type=int, default=48, help="texts a task, as many of each label")
 
 
 if __name__ == "__main__":

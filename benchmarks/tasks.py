@@ -1024,7 +1024,7 @@ def write_labelled(tasks: list[str], n: int, seed: int, path: Path) -> None:
 
 
 def side_main(doc: str, allowed, run, report, default_tasks: str | None = None, **items) -> None:
-    """The command line of the suite's side benchmarks (option_order, one_vs_rest): --model, --dtype, --tasks
+    """The command line of the suite's side benchmarks (option_order, one_vs_rest, opposites): --model, --dtype, --tasks
     (of `allowed`), --items (`items`: its argparse options), --seed, then a run into --out or the table of a
     saved --report."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
