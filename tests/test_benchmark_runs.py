@@ -224,3 +224,36 @@ def test_a_temperature_by_the_questions_features_is_fitted_and_checked_leave_one
     by_type = [(p, r["gold"]) for p, r in zip(ways["per type"], rows)]
     raw = [(softmax(s), g) for s, _, g in asked]
     assert ece(held) < 0.03 and ece(by_type) > 0.06 and ece(raw) > 0.06
+
+
+def test_a_newcomer_run_asks_every_case_and_counts_what_a_reader_would_say(tmp_path, tokenizer):
+    """benchmarks.newcomer as the README runs it (a tiny random model: its answers mean nothing, the table's
+    shape and its counts must still add up)."""
+    from benchmarks.newcomer import ASKED, CASES
+
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", "benchmarks.newcomer", "--model", str(model), "--dtype", "float32"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    asked = sum(len(expected) for _, expected in CASES)
+    rows = [line for line in run.stdout.splitlines() if line.endswith(("| yes |", "| **no** |"))]
+    assert len(rows) == asked
+    right = sum(line.endswith("| yes |") for line in rows)
+    assert f"| all | {right} of {asked} |" in run.stdout
+    assert f"{len(CASES)} requests, median" in run.stdout
+    assert {q for _, expected in CASES for q in expected} == set(ASKED)
+
+
+def test_the_newcomer_reads_an_answer_as_a_reader_would():
+    from types import SimpleNamespace
+
+    from benchmarks.newcomer import answer_of
+
+    assert answer_of(SimpleNamespace(type="noul", noul=0.7), "yes") == ("yes (0.70)", True)
+    assert answer_of(SimpleNamespace(type="noul", noul=0.3), "yes")[1] is False
+    pick = SimpleNamespace(type="choice", choice="Sales", probabilities={"Sales": 0.6, "Billing": 0.4})
+    assert answer_of(pick, "Billing") == ("Sales (0.60)", False)
+    level = SimpleNamespace(type="score", score=1.4, probabilities={"0": 0.2, "1": 0.2, "2": 0.6})
+    assert answer_of(level, "high") == ("high (1.40 of 0..2)", True) and answer_of(level, "low")[1] is False
