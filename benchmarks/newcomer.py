@@ -20,6 +20,8 @@ import sys
 import time
 from collections import defaultdict
 
+from prefill import Choice, Noul, Prefill, Score
+
 TEAMS = ["Billing", "Technical support", "Sales"]
 TEAM_REMITS = {
     "Billing": "invoices, charges, refunds, payment problems",
@@ -27,31 +29,17 @@ TEAM_REMITS = {
     "Sales": "prices, quotes, new purchases, upgrades",
 }
 LANGUAGES = ["English", "French", "German", "Spanish", "Italian"]
-
-
-def noul(text: str) -> dict:
-    return {"type": "noul", "instructions": text}
-
-
-def choice(text: str, criteria) -> dict:
-    return {"type": "choice", "instructions": text, "criteria": criteria}
-
-
-def score(text: str, levels: list[str]) -> dict:
-    return {"type": "score", "instructions": text, "criteria": levels}
-
-
 ROUTE = "Which team should handle this ticket?"
 ASKED = {
-    "refund": noul("Is the customer asking for money back?"),
-    "spam": noul("Is this message spam?"),
-    "sarcasm": noul("Is this sarcastic?"),
-    "language": choice("Which language is this message written in?", {k: None for k in LANGUAGES}),
-    "team, names": choice(ROUTE, {k: None for k in TEAMS}),
-    "team, remits": choice(ROUTE, TEAM_REMITS),
-    "anger": score("How frustrated is the writer?", ["Calm", "Frustrated", "Very angry"]),
-    "urgency": score("How urgent is this?", ["Low", "Medium", "High"]),
-    "stars": score("How many stars would this reviewer give?", ["1", "2", "3", "4", "5"]),
+    "refund": Noul("Is the customer asking for money back?"),
+    "spam": Noul("Is this message spam?"),
+    "sarcasm": Noul("Is this sarcastic?"),
+    "language": Choice("Which language is this message written in?", LANGUAGES),
+    "team, names": Choice(ROUTE, TEAMS),
+    "team, remits": Choice(ROUTE, TEAM_REMITS),
+    "anger": Score("How frustrated is the writer?", ["Calm", "Frustrated", "Very angry"]),
+    "urgency": Score("How urgent is this?", ["Low", "Medium", "High"]),
+    "stars": Score("How many stars would this reviewer give?", ["1", "2", "3", "4", "5"]),
 }
 # (message, {question: the answer any reader gives}); a score's answer is "high" or "low": its expected level
 # above or below the middle of its scale.
@@ -136,8 +124,6 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="as prefill's --model (default: the embedded model)")
     ap.add_argument("--dtype", default="auto", help="as prefill's --dtype")
     args = ap.parse_args()
-    from prefill import Prefill
-
     print(f"newcomer: loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     print(run(Prefill(args.model, dtype=args.dtype)))
 
