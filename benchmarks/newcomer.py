@@ -125,7 +125,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="as prefill's --dtype")
     args = ap.parse_args()
     print(f"newcomer: loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
-    print(run(Prefill(args.model, dtype=args.dtype)))
+    pf = Prefill(args.model, dtype=args.dtype)
+    pf.warm_up()  # as `prefill serve` does before it says it is ready
+    print(run(pf))
 
 
 if __name__ == "__main__":

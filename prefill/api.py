@@ -10,13 +10,14 @@ pf.ask(ticket, {"team": Choice("Which team?", ["Billing", "Technical"]),
 from __future__ import annotations
 
 import datetime as dt
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
 
 from . import loading
-from .backends.base import ReadoutUnsupported
+from .backends.base import ReadoutUnsupported, RequestTooLarge
 from .backends.cpu import resolve_dtype
 from .backends.factory import build_backend
 from .backends.vllm_lm import NO_READOUTS
@@ -27,6 +28,14 @@ from .schema import Answer, AnyQuestion, Choice, Noul, Score, wire_questions
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring, ways_asked
 from .settings import Settings
+
+# What `Prefill.warm_up` asks: a made-up message and a question of each type.
+WARM_UP_STATE = "Hello, my order #1234 arrived two days late and the box was damaged. Can you help me?"
+WARM_UP_QUESTIONS = {
+    "noul": Noul("Is the customer asking for help?"),
+    "choice": Choice("Which team should handle this message?", ["Billing", "Shipping", "Support"]),
+    "score": Score("How upset is the customer?", ["Calm", "Upset", "Angry"]),
+}
 
 LORA_CANNOT_SHARE = (
     "a readout trained with a LoRA adapter changes the base model's weights, so it cannot share "
@@ -126,6 +135,23 @@ class Prefill:
     def ask(self, state: Any, questions: AnyQuestion) -> Answer: ...
     @overload
     def ask(self, state: Any, questions: Mapping[str, AnyQuestion]) -> dict[str, Answer]: ...
+
+    def warm_up(self) -> float:
+        """Ask one made-up request of each question type through every served engine, and return the
+        seconds it took. A process's first request pays one-time costs that later ones do not (the matrix
+        library's kernels built for the shapes it meets, memory touched for the first time, the priors'
+        empty state run): on the 1.5B in bf16, a fresh process's first request took 1.67 s, and 1.34 s
+        after this, which itself took 1.7 s (medians of five fresh processes each; README "Speed",
+        `python -m benchmarks.first_request`). `prefill serve` calls it before it says it is ready, so
+        the first user does not pay them. The fallback is never asked (`Engine.probabilities`); the made-up state
+        and questions stay in the caches as any request's would, and answer nothing else."""
+        started = time.perf_counter()
+        for engine in self.engines.values():
+            try:
+                engine.probabilities(WARM_UP_STATE, WARM_UP_QUESTIONS)
+            except (ReadoutUnsupported, RequestTooLarge):  # what a request would be refused for, not a fault
+                continue
+        return time.perf_counter() - started
 
     def ask(self, state, questions, reference_date: dt.date | None = None):
         """Answers for a mapping of id → question, or the one answer for a single question. A question in

@@ -246,6 +246,28 @@ def test_a_newcomer_run_asks_every_case_and_counts_what_a_reader_would_say(tmp_p
     assert {q for _, expected in CASES for q in expected} == set(ASKED)
 
 
+def test_a_first_request_run_times_fresh_processes_with_and_without_warm_up(tmp_path, tokenizer):
+    """benchmarks.first_request as the README runs it, on a tiny random model: one fresh process of each
+    kind, each timing three requests whose questions were not asked before in it."""
+    from benchmarks.first_request import REQUESTS, first_asks
+
+    chosen = first_asks()
+    assert len(chosen) == REQUESTS
+    ids = [q for _, questions in chosen for q in questions]
+    assert len(ids) == len(set(ids))  # no question asked twice: each request pays its own priors
+    model = tmp_path / "model"
+    make_model("qwen2", len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    cmd = [sys.executable, "-m", "benchmarks.first_request", "--model", str(model), "--dtype", "float32"]
+    run = subprocess.run(cmd + ["--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in run.stdout.splitlines() if line.startswith("| with")}
+    assert set(rows) == {"without warm-up", "with warm-up"}
+    assert rows["without warm-up"].split("|")[3].strip() == "-"
+    assert rows["with warm-up"].split("|")[3].strip().endswith(" s")
+    assert "medians over 1 fresh processes each" in run.stdout
+
+
 def test_the_newcomer_reads_an_answer_as_a_reader_would():
     from types import SimpleNamespace
 

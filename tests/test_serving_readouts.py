@@ -115,6 +115,44 @@ def test_readouts_and_the_base_share_one_copy_of_the_weights(tiny_model, tokeniz
     assert r.status_code == 404 and r.json()["detail"]["error_type"] == "not_found_error"
 
 
+def test_warm_up_asks_every_served_engine_never_the_fallback_and_moves_no_answer(
+    tiny_model, tokenizer, heads, monkeypatch
+):
+    """What `prefill serve` runs before it says it is ready: each engine (the base and every readout) asked
+    once, the fallback never (a remote one must not get a request at start-up), and afterwards every
+    answer the same bits as from a process that did not warm up."""
+    asked_fallback, warmed = [], []
+
+    class Recording:
+        def probabilities(self, state, questions, reference_date=None):
+            asked_fallback.append(list(questions))
+            return {}, 0, []
+
+    pf = Prefill.from_backend(
+        make_backend(tiny_model, tokenizer), use_facts=False, fallback=Recording(), fallback_below=1.0
+    )
+    pf.add_readout(heads / "one", "router")
+    original = Engine.probabilities
+
+    def recorded(self, *args, **kwargs):
+        warmed.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "probabilities", recorded)
+    passes = pf.backend.forward_calls
+    assert pf.warm_up() > 0
+    monkeypatch.undo()
+    assert warmed == ["tiny", "router"] and pf.backend.forward_calls > passes and asked_fallback == []
+    cold = Prefill.from_backend(make_backend(copy.deepcopy(tiny_model), tokenizer), use_facts=False)
+    cold.add_readout(heads / "one", "router")
+    for name in pf.engines:
+        assert (
+            pf.engines[name].probabilities(STATE, QUESTIONS)[0] == cold.engines[name].probabilities(STATE, QUESTIONS)[0]
+        )
+    small = Prefill.from_backend(make_backend(tiny_model, tokenizer), max_request_tokens=8)
+    assert small.warm_up() >= 0  # a limit the made-up request is over: served requests meet it, start-up does not
+
+
 def test_a_lora_readout_cannot_share_the_base(tiny_model, tokenizer, heads, tmp_path):
     lora = head("linear", seed=4)
     lora.cfg.adapter = "lora"

@@ -154,8 +154,10 @@ def engines(settings: Settings, default_model: str | None):
             pf.add_readout(path, name)
     default = default_model or (list(pf.engines)[1] if len(pf.engines) > 1 else pf.engine.name)
     names = ", ".join(pf.engines)
+    warming = pf.warm_up()  # the first user request would otherwise pay the process's one-time costs
     print(
-        f"prefill serve: ready in {time.perf_counter() - started:.0f} s: {pf.backend.description}; serving {names}",
+        f"prefill serve: ready in {time.perf_counter() - started:.0f} s (warm-up request {warming:.1f} s): "
+        f"{pf.backend.description}; serving {names}",
         file=sys.stderr,
         flush=True,
     )
