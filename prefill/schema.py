@@ -29,6 +29,11 @@ Text = Union[str, dict[str, Any], list[Any]]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 MAX_CHOICE_OPTIONS = 255
+# The API's documented limits: a request at most 64k tokens, and any one sequence a token sees (the state,
+# a question, an answer) at most 32k; both configurable (settings.py), and the sequence never past the model's
+# context.
+DEFAULT_MAX_REQUEST_TOKENS = 65_536
+DEFAULT_MAX_SEQUENCE_TOKENS = 32_768
 MAX_SCORE_LEVELS = 10
 
 
@@ -218,6 +223,19 @@ class SystemOneResponse(BaseModel):
     model: str
     answers: dict[str, Answer]
     usage: Usage
+    # prefill's extensions, x_-prefixed so the contract stays clean, and sent only when there is something to say
+    x_low_confidence: list[str] = Field(
+        default_factory=list,
+        description="question ids whose confidence is under --fallback-below, with no fallback to answer them",
+    )
+    x_escalated: list[str] = Field(default_factory=list, description="question ids the fallback answered")
+    x_truncated: list[str] = Field(
+        default_factory=list, description="question ids read with the state cut to fit the model (encoder route)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _extensions_only_when_said(self, handler):
+        return {k: v for k, v in handler(self).items() if not (k.startswith("x_") and not v)}
 
 
 class ModelInfo(BaseModel):

@@ -3,7 +3,7 @@
 `Settings` is the one place an option lives: its field gives the default, and its metadata the command-line
 flag, help and parsing, so adding an option is one field (plus its use). Every command that loads a model
 takes these flags (`Settings.add_arguments`), reads them into a `Settings` (`Settings.from_args`), and
-builds its model from it (`api.Prefill.from_settings`).
+builds its model from it (`build.plan`, then `api.Prefill(settings=..., plan=...)`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends.cpu import DTYPES
-from .engine import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS
+from .precision import DTYPES
 from .render import CHOICE_WORDS, DEFAULT_CHOICE_WORDS, DEFAULT_NOUL_WORDS, DEFAULT_SCORE_WORDS, DEFAULT_SYSTEM
+from .schema import DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_MAX_SEQUENCE_TOKENS
+
+# The kinds of trained head (heads.py), declared once: `prefill train` and `prefill distill` offer them as --kind,
+# and `--kind auto` tries AUTO_HEAD_KINDS (training/train.py).
+HEAD_KINDS = ("linear", "pointer", "mlp", "classes")
+AUTO_HEAD_KINDS = ("linear", "pointer", "classes")
 
 
 def flag(name: str, help: str, *, parse: Callable | None = None, **argparse_kw) -> dict:

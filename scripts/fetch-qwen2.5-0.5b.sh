@@ -5,4 +5,4 @@
 # Usage: scripts/fetch-qwen2.5-0.5b.sh        (PREFILL_CACHE sets where; default ~/.cache/prefill/models)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m prefill.loading fetch qwen2.5-coder-0.5b-instruct
+exec "${PREFILL:-.venv/bin/prefill}" fetch qwen2.5-coder-0.5b-instruct

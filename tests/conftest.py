@@ -1,6 +1,6 @@
-"""Tiny models built in-process: a byte-level BPE tokenizer with a ChatML template, and 2-layer Llama and
-Qwen2 models with random weights large enough that answers really depend on the context (so a leak
-between branches would show). Nothing is downloaded."""
+"""The tests' fixtures; what they share besides is in helpers.py. Tiny models are built in-process; nothing is
+downloaded. Every test is in one tier, by its markers (pyproject.toml; docs/testing.md): `make test-fast` runs
+those marked neither `slow` nor `default_model` nor `vllm`, `make test` runs them all."""
 
 from __future__ import annotations
 
@@ -13,72 +13,11 @@ import os
 os.environ["PREFILL_DTYPE"] = "float32"
 
 import pytest  # noqa: E402
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from prefill.backends.causal_lm import CausalLMBackend
-from prefill.engine import Engine
-from prefill.loading import default_gguf
-from prefill.scoring import Scoring
+from prefill.engine import Engine  # noqa: E402
+from prefill.loading import default_gguf  # noqa: E402
 
-RAW = {t: Scoring("whole", "none") for t in ("noul", "choice", "score")}  # whole-sequence likelihood, uncorrected
-
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"  # noqa: E501
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-CORPUS = [
-    "I was charged twice for my March invoice and the refund has not arrived.",
-    "Which team should handle this ticket? Billing, Technical, Sales, Shipping.",
-    "Question: Answer Yes or No. Options: Levels: fraud review, not fraud, calm, angry, very angry.",
-    "The app crashes on launch since the update. Error code 500. Please fix this today.",
-    "배송이 3일째 안 와요. 그냥 환불해 주세요. 🙂 Queue 001 002 003 0123456789",
-] * 20
-
-
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    fast.chat_template = CHATML
-    return fast
-
-
-def make_model(kind: str, vocab: int, seed: int = 0, **config):
-    """`config`: overrides, e.g. num_attention_heads=2 for head_dim 32 (vLLM's CPU kernels take no 16)."""
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16384,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    common.update(config)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    return model.float().eval()
+from .helpers import make_backend, make_model, make_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -91,15 +30,18 @@ def tiny_model(request, tokenizer):
     return make_model(request.param, len(tokenizer))
 
 
-def make_backend(model, tokenizer, **kw) -> CausalLMBackend:
-    backend = CausalLMBackend(model, tokenizer, "tiny", **kw)
-    backend.release_date = "2026-11-29"
-    return backend
-
-
 @pytest.fixture
 def tiny_engine(tiny_model, tokenizer) -> Engine:
     return Engine(make_backend(tiny_model, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama saved as a model directory, as `--model DIR` reads one."""
+    d = tmp_path_factory.mktemp("tiny-model")
+    make_model("llama", len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
 
 
 @pytest.fixture(scope="session")
@@ -110,3 +52,14 @@ def default_prefill():
     from prefill import Prefill
 
     return Prefill(calibration=None)
+
+
+@pytest.fixture(scope="session")
+def served_default():
+    """The default model as `make serve` serves it (Qwen2.5-Coder-1.5B, loading.default_name: in bf16 on a
+    CPU with bf16 units, in int8 on an AVX2 CPU without them), with the default prompt, scoring and
+    calibration. (The 0.5B, the default in fp32, fails these cases: README "Without bf16 units".)"""
+    from prefill import Prefill
+    from prefill.loading import DEFAULT_BF16_NAME
+
+    return Prefill(DEFAULT_BF16_NAME, dtype="auto")

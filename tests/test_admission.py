@@ -14,12 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from prefill.bench.http import in_thread
 from prefill.engine import Engine
 from prefill.serving.app import create_app
 
-from .conftest import make_backend, make_model
-from .test_server import CHOICE, NOUL, SCORE, body
-from .test_serving_readouts import serving
+from .helpers import CHOICE, NOUL, SCORE, body, make_backend, make_model
 
 
 class Gated:
@@ -124,7 +123,7 @@ def _post_and_hang_up(url: str, payload: dict) -> None:
 
 def test_a_disconnected_clients_work_is_dropped(gated):
     app = create_app(Engine(gated), max_batch=1)
-    with serving(app) as url, cf.ThreadPoolExecutor(2) as pool:
+    with in_thread(app) as url, cf.ThreadPoolExecutor(2) as pool:
         import httpx
 
         first = pool.submit(httpx.post, url + "/v1/systemone", json=asked("Held at the gate."), timeout=30)

@@ -17,8 +17,7 @@ import pytest
 from prefill.batch import ERROR_COLUMN, BatchError, RowFailed, load_questions, run
 from prefill.engine import Engine
 
-from .conftest import make_backend, make_model
-from .test_cli import model_dir  # noqa: F401 — the fixture
+from .helpers import make_backend, make_model
 
 QUESTIONS = load_questions(
     {

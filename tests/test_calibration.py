@@ -11,15 +11,13 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
+from prefill.calibration import Calibration, fit_temperature, question_key, rescale
 from prefill.engine import Engine
 from prefill.evaluation import metrics
-from prefill.evaluation.calibration import Calibration, fit_temperature, question_key, rescale
 from prefill.schema import Choice, Noul
 from prefill.serving.app import create_app
 
-from .conftest import make_backend, make_model
-from .test_cli import model_dir  # noqa: F401
-from .test_exactness import STATE
+from .helpers import STATE, make_backend, make_model
 
 
 def test_metrics_on_known_cases():
@@ -165,7 +163,7 @@ def test_platt_recovers_a_lean_towards_yes():
         gold = 0 if rng.random() < 1 / (1 + math.exp(-x)) else 1
         shown = x + 1.5  # a model that leans towards yes
         preds.append(([1 / (1 + math.exp(-shown)), 1 / (1 + math.exp(shown))], gold))
-    from prefill.evaluation.calibration import fit_platt
+    from prefill.calibration import fit_platt
 
     t, b = fit_platt(preds)
     assert 0.85 < t < 1.2 and -1.8 < b < -1.2

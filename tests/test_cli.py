@@ -7,19 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from prefill.loading import resolve
-
-from .conftest import make_model
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> Path:
-    d = tmp_path_factory.mktemp("tiny-model")
-    make_model("llama", len(tokenizer)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
 
 
 def ask(*args: str) -> subprocess.CompletedProcess:

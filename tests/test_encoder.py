@@ -15,15 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer
 
-from benchmarks.load import server
 from prefill.api import Prefill
 from prefill.backends.encoder import EncoderBackend
+from prefill.bench.http import served
 from prefill.engine import Engine, RequestTooLarge
 from prefill.loading import resolve
 from prefill.schema import Choice, Noul, Score
 from prefill.scoring import Scoring
+
+from .helpers import tiny_bert
 
 TOL = 1e-4
 TICKET = "I was charged twice for order 4471 and the refund never came. Fix it today."
@@ -33,14 +35,6 @@ WHOLE = dict.fromkeys(("noul", "choice", "score"), Scoring("whole"))
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
-
-
-def tiny_bert(tokenizer) -> BertModel:
-    """A 2-layer random BERT over `tokenizer`'s vocabulary (seeded), for the encoder route's tests."""
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    config.update({"intermediate_size": 128, "max_position_embeddings": 512, "initializer_range": 0.3})
-    return BertModel(config)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +216,7 @@ def test_split_archive_models_are_assembled_pinned_and_unpacked(tmp_path: Path, 
         "test",
     )
     monkeypatch.setitem(loading.ARCHIVED, model.name, model)
-    with pytest.raises(loading.ModelNotFound, match="python -m prefill.loading fetch fake-encoder"):
+    with pytest.raises(loading.ModelNotFound, match="prefill fetch fake-encoder"):
         loading.resolve("fake-encoder")
     wrong = dataclasses.replace(model, sha256="0" * 64)
     with pytest.raises(loading.ModelNotFound, match="sha256"):
@@ -311,7 +305,7 @@ def test_what_the_encoder_route_cannot_do_is_refused(argv, reason):
 
 
 def test_jevcompat_conformance_on_the_encoder_route(tmp_path: Path):
-    with server("all-minilm-l6-v2", "--calibration", "none") as (url, _):
+    with served("all-minilm-l6-v2", "--calibration", "none") as (url, _):
         report = tmp_path / "report.json"
         run = subprocess.run(
             [sys.executable, "-m", "jevcompat.cli", "test", url, "--json", str(report)],
@@ -416,16 +410,16 @@ def test_serve_says_the_precision_the_encoder_route_runs_in(monkeypatch, capsys)
     explicit --dtype int8 for an encoder is refused at start-up (exit 2), not later as a 503."""
     import uvicorn
 
-    from prefill.backends import cpu
+    from prefill import precision
     from prefill.commands import main
 
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("PREFILL_DTYPE", raising=False)
     monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)  # announce, build the app, serve nothing
-    for model, precision in (("all-minilm-l6-v2", "float32"), ("qwen2.5-coder-0.5b-instruct", "int8")):
+    for model, expected in (("all-minilm-l6-v2", "float32"), ("qwen2.5-coder-0.5b-instruct", "int8")):
         assert main(["serve", "--model", model, "--calibration", "none"]) == 0
         line = capsys.readouterr().err.splitlines()[-1]
-        assert f"loading {model} ({precision}, as --dtype auto chose for this CPU)" in line, line
+        assert f"loading {model} ({expected}, as --dtype auto chose for this CPU)" in line, line
     assert main(["serve", "--model", "all-minilm-l6-v2", "--dtype", "int8"]) == 2
     assert "decoder route's CPU path" in capsys.readouterr().err

@@ -13,33 +13,10 @@ import torch
 
 from prefill.backends import causal_lm
 from prefill.engine import Engine
-from prefill.schema import Choice, Noul, Score
+from prefill.schema import Choice, Noul
 from prefill.scoring import Scoring
 
-from .conftest import RAW, make_backend
-
-TOL = 1e-4
-STATE = "I was charged twice for my March invoice and the refund has not arrived. Please fix this today."
-QUESTIONS = {
-    "refund": Noul("Is the customer asking for money back?"),
-    "threat": Noul(criteria={"true": "The customer threatens a chargeback"}),
-    "team": Choice(
-        "Which team should handle this ticket?",
-        {"Billing": "Payments, invoices, refunds", "Technical": ["bugs", "outages"], "Sales": None},
-    ),
-    "fraud": Choice("What is this?", ["fraud", "fraud review", "not fraud"]),
-    "anger": Score("How angry is the customer?", ["calm", "annoyed", {"label": "very angry"}]),
-}
-
-
-def probs(answer) -> list[float]:
-    if answer.type == "noul":
-        return [answer.noul]
-    return list(answer.probabilities.values())
-
-
-def max_delta(a: dict, b: dict) -> float:
-    return max(max(abs(x - y) for x, y in zip(probs(a[k]), probs(b[k]))) for k in a)
+from .helpers import QUESTIONS, RAW, STATE, TOL, make_backend, max_delta
 
 
 def test_answers_are_distributions_over_declared_options(tiny_engine):

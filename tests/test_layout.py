@@ -1,71 +1,114 @@
-"""The layout stays readable (issue #23): imports flow one way with no circle, the backends never reach up
-into the API, commands or serving, and no module or function grows past what a newcomer reads in one go."""
+"""The layout stays readable (docs/design.md "Layers"): the package's layers hold (import-linter's contracts in
+pyproject.toml, which read every import, those inside functions too), no import circle anywhere, tests that share
+set-up through helpers.py and conftest.py only and reach into the lab only where they test it, the command line
+built without torch, and no module or function grown past what a newcomer reads in one go."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "prefill"
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 420
 MAX_FUNCTION_LINES = 60
+SHARED = ("tests.helpers", "tests.conftest")  # what a test may import from tests/
+LAB_TESTS = "tests.test_lab_"  # the tests of the lab (benchmarks/): the only ones that import it
 
 
-def modules() -> dict[str, Path]:
-    out = {}
-    for path in ROOT.rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
-        out[name.removesuffix(".__init__")] = path
-    return out
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("prefill", "benchmarks", "tests")
 
 
-def module_imports(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Each module's module-level imports of other prefill modules (imports inside functions are deferred
-    on purpose and do not count)."""
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for m, path in mods.items():
-        package = m.split(".") if path.name == "__init__.py" else m.split(".")[:-1]
-        for node in ast.parse(path.read_text()).body:
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
-            if not target or not target.startswith("prefill"):
-                continue
-            subs = {f"{target}.{a.name}" for a in node.names} & set(mods)
-            if len(subs) < len(node.names) and target in mods:
-                subs.add(target)
-            graph[m] |= subs - {m}
-    return graph
+def test_the_import_contracts_hold():
+    """`lint-imports`: prefill's layers, and prefill never importing the lab or the tests."""
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports"))], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 
-def test_no_import_circle():
-    graph = module_imports(modules())
+def test_the_contracts_read_imports_inside_functions(graph):
+    """What the contracts rest on: an import inside a function counts (loading.py once reached up into the
+    backends from inside a function, and a check of module-level imports passed it)."""
+    details = graph.get_import_details(importer="prefill.commands.serve", imported="prefill.build")
+    assert details and all(d["line_number"] > 20 for d in details)  # `run`'s deferred import
+
+
+def prefill_layers() -> list[grimp.Layer]:
+    """The layers contract of pyproject.toml as grimp reads it ("a | b": independent siblings)."""
+    contract = next(c for c in pyproject()["tool"]["importlinter"]["contracts"] if c["containers"] == ["prefill"])
+    return [grimp.Layer(*(part.strip() for part in layer.split("|"))) for layer in contract["layers"]]
+
+
+def pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_layers_catch_a_back_arrow(graph):
+    """The contract is not one that cannot fail: the tree as it is breaks none of its layers, and each back-arrow
+    the layout once had (a backend reading the settings, the ground floor reaching up into the backends, the
+    engine importing training code) would break it."""
+    layers = prefill_layers()
+    broken = lambda: graph.find_illegal_dependencies_for_layers(layers=layers, containers={"prefill"})  # noqa: E731
+    assert not broken()
+    for importer, imported in (
+        ("prefill.backends.causal_lm", "prefill.settings"),
+        ("prefill.loading", "prefill.backends.cpu"),
+        ("prefill.engine", "prefill.training.fitting"),
+    ):
+        graph.add_import(importer=importer, imported=imported)
+        try:
+            assert broken(), (importer, imported)
+        finally:
+            graph.remove_import(importer=importer, imported=imported)
+
+
+def test_no_import_circle(graph):
+    imports = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     state: dict[str, int] = {}
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
-        for n in graph[m]:
+        for n in sorted(imports[m]):
             assert state.get(n) != 1, f"import circle: {' -> '.join(path[path.index(n) :] + [n])}"
             if n not in state:
                 visit(n, path + [n])
         state[m] = 2
 
-    for m in graph:
+    for m in sorted(imports):
         if m not in state:
             visit(m, [m])
 
 
-def test_backends_do_not_import_upwards():
-    up = ("prefill.api", "prefill.commands", "prefill.cli", "prefill.serving", "prefill.bench")
-    for m, deps in module_imports(modules()).items():
-        if m.startswith("prefill.backends"):
-            assert not [d for d in deps if d.startswith(up)], (m, deps)
+def test_tests_import_neither_other_tests_nor_the_lab(graph):
+    for m in sorted(graph.find_descendants("tests")):
+        imported = graph.find_modules_directly_imported_by(m)
+        others = {i for i in imported if i.startswith("tests.") and i not in SHARED and i != m}
+        assert not others, f"{m} imports {others}: share it through tests/helpers.py"
+        if not m.startswith(LAB_TESTS):
+            lab = {i for i in imported if i.split(".")[0] == "benchmarks"}
+            assert not lab, f"{m} imports {lab}: only tests/test_lab_*.py test the lab"
+
+
+def test_the_command_line_is_built_without_torch():
+    """`prefill --help` answers at once: building the parser (every command's flags) imports no torch."""
+    code = "import sys; from prefill.commands import parser; parser(); print(sorted({'torch', 'transformers'} & {*sys.modules}))"  # noqa: E501
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
 
 
 def test_no_module_or_function_too_long_to_read():
-    for name, path in modules().items():
+    for path in (ROOT / "prefill").rglob("*.py"):
         source = path.read_text()
+        name = path.relative_to(ROOT)
         assert source.count("\n") <= MAX_MODULE_LINES, f"{name}: {source.count(chr(10))} lines"
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

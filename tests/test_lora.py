@@ -11,13 +11,11 @@ import torch
 
 from prefill.engine import Engine
 from prefill.evaluation.evaluate import Item
-from prefill.heads import lora
-from prefill.heads.head import Head, HeadConfig, Heads
+from prefill.heads import Head, HeadConfig, Heads
 from prefill.schema import Noul, Score
+from prefill.training import lora
 
-from .conftest import make_backend
-from .test_exactness import QUESTIONS, STATE
-from .test_readout import assert_invariances
+from .helpers import QUESTIONS, STATE, assert_invariances, make_backend
 
 
 def test_the_training_pass_is_the_served_pass(tiny_model, tokenizer):

@@ -13,21 +13,22 @@ import types
 import pytest
 import torch
 
+from prefill import precision
 from prefill.backends import cpu
 from prefill.backends.tree import Tree
 from prefill.engine import Engine
 from prefill.render import Branches
 from prefill.schema import Choice, Noul, Score
 
-from .conftest import RAW, make_backend
+from .helpers import RAW, make_backend
 
 # Packed with other questions vs alone, reordered, renamed: the largest |Δp| measured in bf16 was 0.003 on the
 # tiny models here (0 for the Llama one), 0.009 (1.5B) and 0.012 (0.5B) on the real models, and 0.023-0.028 for
-# batched requests vs one by one (README "Precision", `python -m benchmarks.fastpath --exact MODEL`): bf16
+# batched requests vs one by one (README "Precision", `python -m benchmarks.speed.fastpath --exact MODEL`): bf16
 # activations round to 8 significant bits, attention over a longer packed sequence sums in another order, and
 # oneDNN's bf16 products sum a row in an order that depends on the row count. `--exact` removes both (tested).
 BF16_TOL = 1e-2
-needs_bf16_units = pytest.mark.skipif(not cpu.has_bf16_units(), reason="this CPU has no bf16 matrix units")
+needs_bf16_units = pytest.mark.skipif(not precision.has_bf16_units(), reason="this CPU has no bf16 matrix units")
 
 STATE = "I was charged twice for my March invoice and the refund has not arrived. The app crashes on launch."
 QUESTIONS = {
@@ -50,19 +51,19 @@ def test_auto_picks_bf16_with_bf16_units_and_int8_on_avx2(monkeypatch):
         ({"avx2", "amx_bf16"}, "bfloat16"),
         ({"avx512_bf16"}, "bfloat16"),
     ):
-        monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: frozenset(flags))
-        assert cpu.resolve_dtype("auto") == want
-    assert cpu.resolve_dtype("float32") == "float32"  # an explicit dtype is kept
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert precision.resolve_dtype("auto") == want
+    assert precision.resolve_dtype("float32") == "float32"  # an explicit dtype is kept
     with pytest.raises(ValueError):
-        cpu.resolve_dtype("int3")
+        precision.resolve_dtype("int3")
 
 
 def test_no_bf16_units_packs_nothing(monkeypatch, tiny_model, tokenizer):
     """On a CPU without bf16 units auto is int8 (AVX2), and no layer is packed for bf16 (even a bf16 model)."""
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("PREFILL_DTYPE")
-    assert cpu.resolve_dtype(None) == "int8"
+    assert precision.resolve_dtype(None) == "int8"
     assert make_backend(copy.deepcopy(tiny_model).to(torch.bfloat16), tokenizer).packed_linears == 0
 
 
@@ -70,23 +71,23 @@ def test_without_bf16_units_serve_names_the_accurate_model(monkeypatch):
     """The fp32 default is the fast model; `prefill serve` says at start-up which one answers better."""
     from prefill import loading
 
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
     note = loading.default_note(None, "float32")
     assert loading.DEFAULT_NAME in note and f"--model {loading.DEFAULT_BF16_NAME}" in note
     assert loading.default_note("default", "bfloat16") is None  # the bf16 default is the accurate one
     assert loading.default_note(loading.DEFAULT_NAME, "float32") is None  # chosen, not defaulted
     assert loading.default_note(None, "int8") is None  # auto here: the 1.5B in int8
     assert loading.default_name("int8") == loading.DEFAULT_BF16_NAME
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     assert loading.default_note(None, "float32") is None  # fp32 asked for on a CPU that has bf16 units
 
 
 def test_the_environment_sets_the_default(monkeypatch):
     monkeypatch.setenv("PREFILL_DTYPE", "bfloat16")
-    assert cpu.resolve_dtype(None) == "bfloat16"
+    assert precision.resolve_dtype(None) == "bfloat16"
     monkeypatch.delenv("PREFILL_DTYPE")
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"amx_bf16"}))
-    assert cpu.resolve_dtype(None) == "bfloat16"  # unset: auto
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert precision.resolve_dtype(None) == "bfloat16"  # unset: auto
 
 
 def test_cli_takes_auto():
@@ -186,7 +187,7 @@ def test_the_encoder_route_takes_the_fast_path_too():
     from prefill.loading import resolve
     from prefill.scoring import Scoring
 
-    from .test_encoder import tiny_bert
+    from .helpers import tiny_bert
 
     tok = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2").location)
     bert = tiny_bert(tok)
@@ -232,7 +233,7 @@ def test_int8_keeps_isolation(tiny_model, tokenizer):
     """Packed vs alone, reordered and renamed questions, reordered options, with int8 as loaded (its attention
     in float64): within 1e-8, since no row's quantisation sees another row and attention gives a question the
     same fp32 bits whatever is packed beside it (the LM head's fp32 rounding is what is left). (How far int8
-    moves answers from fp32 is measured on real models, `python -m benchmarks.no_bf16`: a tiny random model's
+    moves answers from fp32 is measured on real models, `python -m benchmarks.speed.no_bf16`: a tiny random model's
     near-flat answers say little about it.)"""
     model = copy.deepcopy(tiny_model)
     reference = Engine(make_backend(tiny_model, tokenizer), scoring=RAW).ask(STATE, QUESTIONS)[0]
@@ -298,7 +299,7 @@ def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
     the encoder route refuse it."""
     from prefill.api import Prefill
 
-    from .conftest import make_model
+    from .helpers import make_model
 
     make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -311,7 +312,7 @@ def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
         Prefill(str(tmp_path), dtype="float32", exact=True, route="encoder")
     with pytest.raises(ValueError, match="--exact is for bf16"):
         cpu.make_exact(make_model("qwen2", len(tokenizer)), "float16")
-    if cpu.has_bf16_units():  # what `--dtype bfloat16 --exact` loads
+    if precision.has_bf16_units():  # what `--dtype bfloat16 --exact` loads
         backend = Prefill(str(tmp_path), dtype="bfloat16", exact=True).backend
         assert cpu.states_run_alone(backend.model) and backend.model._prefill_exact_rows == cpu.EXACT_ROWS
         assert backend.description.endswith("(causal LM, one prefill pass, bfloat16, --exact)")
@@ -350,9 +351,10 @@ def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
     """`--dtype int8`: the model is read in fp32 and its decoder's linears quantised, the head kept; asked for
     on vLLM or the encoder route, refused (measured on torch decoders only; auto keeps fp32 there)."""
     from prefill.api import Prefill
-    from prefill.loading import load, resolve
+    from prefill.build import load_causal_lm as load
+    from prefill.loading import resolve
 
-    from .conftest import make_model
+    from .helpers import make_model
 
     make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -369,13 +371,13 @@ def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
 def test_precision_says_what_runs_where_auto_int8_falls_back(tmp_path, tokenizer, monkeypatch):
     """Auto's int8 on a CPU without bf16 units: the decoder runs int8, the encoder route fp32, and `Prefill.dtype`
     (what `prefill bench` reports, and the model it pairs a GGUF with) says which."""
-    import prefill.api
+    import prefill.build
     from prefill.api import Prefill
 
-    from .conftest import make_model
+    from .helpers import make_model
 
     make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    monkeypatch.setattr(prefill.api, "resolve_dtype", lambda asked: "int8")  # what auto picks on an AVX2 CPU
+    monkeypatch.setattr(prefill.build, "resolve_dtype", lambda asked: "int8")  # what auto picks on an AVX2 CPU
     assert Prefill(str(tmp_path), dtype="auto").dtype == "int8"
     assert Prefill(str(tmp_path), dtype="auto", route="encoder").dtype == "float32"

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from jevcompat.validate import choice_confidence as reference_choice_confidence
 from jevcompat.validate import score_confidence as reference_score_confidence
 
+from prefill.calibration import rescale
 from prefill.engine import Engine, choice_confidence, score_confidence, softmax
-from prefill.evaluation.calibration import rescale
 from prefill.schema import Choice, Score
 from prefill.scoring import log_normalised
 
-from .conftest import make_backend, make_model
+from .helpers import make_backend, make_model
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "") | st.sampled_from(
     ["fraud", "fraud review", "<|im_end|>", "<|im_start|>assistant", "Yes", " ", "🙂", "환불"]

@@ -12,25 +12,13 @@ from fastapi.testclient import TestClient
 
 from prefill.engine import Engine
 from prefill.evaluation.evaluate import Item
-from prefill.heads import fitting, training
-from prefill.heads.head import Head, HeadConfig, Heads, answer_key
-from prefill.schema import Choice, Noul, Score, answer_labels
+from prefill.heads import Head, HeadConfig, Heads, answer_key
+from prefill.schema import Noul, Score
 from prefill.serving.app import create_app
+from prefill.training import fitting
+from prefill.training import train as training
 
-from .conftest import RAW, make_backend
-from .test_exactness import QUESTIONS, STATE, TOL, max_delta
-
-
-def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0) -> Head:
-    torch.manual_seed(seed)
-    taught = sorted({answer_key(q.type, a) for q in QUESTIONS.values() for a in answer_labels(q)})
-    cfg = HeadConfig(kind=kind, layer=layer, hidden=64, use_base=use_base, model="tiny", rank=8, answers=taught)
-    r = Head(cfg)
-    with torch.no_grad():
-        for p in r.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.5)  # a "trained" head: far from the identity
-    return r.eval()
+from .helpers import QUESTIONS, RAW, STATE, TOL, assert_invariances, head, make_backend, max_delta
 
 
 def test_an_untrained_head_answers_like_the_plain_engine(tiny_model, tokenizer):
@@ -46,21 +34,6 @@ def test_trained_path_keeps_every_invariance(tiny_model, tokenizer, kind):
     engine = Engine(make_backend(tiny_model, tokenizer), use_facts=False, heads=Heads(head(kind), name="h"))
     plain = Engine(make_backend(tiny_model, tokenizer), use_facts=False)
     assert_invariances(engine, plain)
-
-
-def assert_invariances(engine: Engine, plain: Engine) -> None:
-    """`engine` answers differently from `plain`, and keeps every invariance of the packed path."""
-    together, _ = engine.ask(STATE, QUESTIONS)
-    assert max_delta(together, plain.ask(STATE, QUESTIONS)[0]) > 1e-3  # the readout really changes answers
-    for qid, q in QUESTIONS.items():  # packed == alone
-        assert max_delta(engine.ask(STATE, {qid: q})[0], {qid: together[qid]}) <= TOL
-    renamed = {f"x{i}": QUESTIONS[k] for i, k in enumerate(reversed(list(QUESTIONS)))}
-    shuffled, _ = engine.ask(STATE, renamed)  # order and ids
-    assert max_delta({f"x{i}": together[k] for i, k in enumerate(reversed(list(QUESTIONS)))}, shuffled) <= TOL
-    team = QUESTIONS["team"]
-    flipped = Choice(team.instructions, dict(reversed(list(team.criteria.items()))))  # option order
-    a, b = engine.ask(STATE, {"q": team})[0]["q"], engine.ask(STATE, {"q": flipped})[0]["q"]
-    assert all(abs(a.probabilities[k] - b.probabilities[k]) <= TOL for k in team.criteria)
 
 
 def test_early_exit_runs_fewer_layers(tiny_model, tokenizer):

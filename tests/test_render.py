@@ -66,7 +66,7 @@ def test_plain_format_without_chat_template(tokenizer):
 
 
 def test_prompt_choices_render_as_documented(tokenizer):
-    """The prompt choices compared on real text (benchmarks/realtext.py): True/False answers, level names,
+    """The prompt choices compared on real text (benchmarks/quality/realtext.py): True/False answers, level names,
     and the instruction's system turn left out."""
     assert render_question(Noul("Is it?"), "truefalse").answers == ("True", "False")
     named = render_question(Score("How?", ["lo", {"label": "mid"}, "hi"]), score_words="names")
@@ -93,8 +93,7 @@ def test_numbered_options_are_listed_canonically_and_answered_by_their_number():
 def test_a_prompt_choice_keeps_every_invariance(tiny_model, tokenizer, options):
     from prefill.engine import Engine
 
-    from .conftest import make_backend
-    from .test_readout import assert_invariances
+    from .helpers import assert_invariances, make_backend
 
     engine = Engine(make_backend(tiny_model, tokenizer, **options))
     assert_invariances(engine, Engine(make_backend(tiny_model, tokenizer)))
@@ -105,7 +104,7 @@ def test_numbered_options_score_every_number_whole(tiny_model, tokenizer):
     read whole, in any listing order the request gives."""
     from prefill.engine import Engine
 
-    from .conftest import make_backend
+    from .helpers import make_backend
 
     engine = Engine(make_backend(tiny_model, tokenizer, choice_words="numbers"))
     names = [f"team {i:02d}" for i in range(12)]

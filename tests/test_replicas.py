@@ -18,11 +18,9 @@ import httpx
 import pytest
 
 from prefill.api import Prefill
+from prefill.bench.http import free_port, started
 
-from .conftest import make_model
-from .test_cli import model_dir  # noqa: F401 — the tiny model saved as a directory
-from .test_serving_readouts import free_port, started
-from .test_vllm import VLLM_PYTHON, need_vllm
+from .helpers import VLLM_PYTHON, make_model, need_vllm
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
@@ -84,7 +82,8 @@ def replicated(request, tmp_path_factory, tokenizer):
         "--api-key",
         "k1",
     ]
-    with started(cmd, port, "/health", within=300) as url:
+    url = f"http://127.0.0.1:{port}"
+    with started(cmd, url, within=300):
         yield url, directory, tol
 
 

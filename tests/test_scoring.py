@@ -15,10 +15,7 @@ from prefill.schema import Choice, Noul
 from prefill.scoring import CONTENT_FREE, TOKEN_RULES, Scoring
 from prefill.settings import Settings
 
-from .conftest import RAW, make_backend
-from .test_cli import model_dir  # noqa: F401 — the fixture
-from .test_exactness import QUESTIONS, STATE, TOL
-from .test_readout import assert_invariances
+from .helpers import QUESTIONS, RAW, STATE, TOL, assert_invariances, make_backend
 
 
 def plain_token_logprobs(model, state: list[int], prompt, answer) -> list[float]:

@@ -12,15 +12,7 @@ from fastapi.testclient import TestClient
 from prefill.engine import Engine
 from prefill.serving.app import create_app
 
-from .conftest import make_backend, make_model
-
-NOUL = {"type": "noul", "instructions": "Is the customer asking for money back?"}
-CHOICE = {
-    "type": "choice",
-    "instructions": "Which team?",
-    "criteria": {"Billing": "Invoices", "Technical": None, "환불 🙂": ["x"]},
-}
-SCORE = {"type": "score", "instructions": "How angry?", "criteria": ["Calm", {"label": "Annoyed"}, ["Very", "angry"]]}
+from .helpers import CHOICE, NOUL, SCORE, body, make_backend, make_model
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +29,6 @@ def engine(tiny_model, tokenizer):
 def client(engine):
     with TestClient(create_app(engine), raise_server_exceptions=False) as c:
         yield c
-
-
-def body(questions, **extra):
-    return {"model": "jev-latest", "state": "I was charged twice.", "questions": questions, **extra}
 
 
 def test_answers_every_type(client):

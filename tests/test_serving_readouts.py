@@ -11,18 +11,15 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 
-from benchmarks.load import free_port
 from prefill.api import Prefill
+from prefill.bench.http import free_port, in_thread, started
 from prefill.engine import Engine, choice_confidence
 from prefill.fallback import (
     UNSCORED_MASS,
@@ -34,14 +31,12 @@ from prefill.fallback import (
     is_unscored,
     parse_answer,
 )
-from prefill.heads.head import Heads
+from prefill.heads import Heads
 from prefill.schema import Noul
 from prefill.scoring import with_opposite
 from prefill.serving.app import Served, create_app
 
-from .conftest import RAW, make_backend, make_model
-from .test_exactness import QUESTIONS, STATE, TOL
-from .test_readout import head
+from .helpers import QUESTIONS, RAW, STATE, TOL, head, make_backend, make_model
 
 WIRE = {k: q.model_dump(mode="json", exclude_none=True) for k, q in QUESTIONS.items()}
 
@@ -210,47 +205,6 @@ def test_serve_refuses_an_openai_fallback_without_its_model_name_at_start_up(tmp
 
 
 @contextlib.contextmanager
-def serving(app):
-    """`app` on a real loopback port, in a thread."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-@contextlib.contextmanager
-def started(cmd: list[str], port: int, ready: str, env: dict | None = None, within: float = 180):
-    """A server process on `port`, once GET `ready` answers 200; its output goes to a file, shown if it
-    does not come up."""
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + within
-            while True:
-                try:
-                    if httpx.get(url + ready, timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.seek(0)
-                    raise AssertionError(f"{cmd[0]} did not come up:\n{out.read()[-3000:]}")
-                time.sleep(0.3)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(30)
-
-
-@contextlib.contextmanager
 def silent_server():
     """Accepts connections and never answers: a fallback that hangs."""
     sock = socket.socket()
@@ -275,7 +229,7 @@ def test_unsure_questions_go_to_a_second_prefill_server(tiny_model, tokenizer):
     threshold = sorted(confidence.values())[len(confidence) // 2]  # about half are unsure
     unsure = sorted(k for k, c in confidence.items() if c < threshold)
     assert 0 < len(unsure) < len(QUESTIONS)
-    with serving(create_app(strong)) as url:
+    with in_thread(create_app(strong)) as url:
         asking = Engine(
             make_backend(tiny_model, tokenizer),
             use_facts=False,
@@ -302,7 +256,7 @@ def test_a_failing_fallback_keeps_the_local_answers(tiny_model, tokenizer, where
         elif where == "slow":
             url, model = stack.enter_context(silent_server()), None
         else:  # a server that answers 404
-            url, model = stack.enter_context(serving(create_app(local))), "no-such-model"
+            url, model = stack.enter_context(in_thread(create_app(local))), "no-such-model"
         asking = Engine(
             make_backend(tiny_model, tokenizer),
             use_facts=False,
@@ -424,12 +378,14 @@ def chat_server():
     model_dir = str(loading._converted_gguf(loading.embedded_gguf(loading.SMOLLM2)))
     port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "transformers")
+    url = f"http://127.0.0.1:{port}"
     with started(
         [exe, "serve", "--port", str(port), "--device", "cpu", model_dir],
-        port,
+        url,
         "/v1/models",
         {**os.environ, "HF_HUB_OFFLINE": "1"},
-    ) as url:
+        within=180,
+    ):
         yield url, model_dir
 
 
@@ -478,7 +434,8 @@ def test_prefill_serve_serves_named_readouts_beside_the_base(tmp_path, tokenizer
         "--default-model",
         "tone",
     ]
-    with started(cmd, port, "/health") as url:
+    url = f"http://127.0.0.1:{port}"
+    with started(cmd, url, within=180):
         names = [m["name"] for m in httpx.get(url + "/v1/models").json()["models"]]
         base = names[0]
         assert names == [base, "router", "tone", "jev-latest", "jev-preview"]

@@ -10,7 +10,6 @@ missing vLLM venv fails instead of skipping.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,12 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.load import model_tokens, server
+from prefill.bench.http import model_tokens, served
 from prefill.schema import wire_questions
+
+from .helpers import VLLM_PYTHON, need_vllm
 
 pytestmark = pytest.mark.default_model
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = Path(os.environ.get("PREFILL_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 TOL = 1e-4
 STATE = (
     "Hi, I was charged twice for order 5512 and the parcel arrived damaged. I want this fixed today or I "
@@ -91,18 +91,10 @@ def shared_prefix_request(n: int) -> dict:
     return {f"p{i}": {"type": "noul", "instructions": POLICY + asks[i]} for i in range(n)}
 
 
-def need_vllm() -> None:
-    """Skip without the vLLM venv, except under `make test` (PREFILL_REQUIRE_VLLM), where it must be there."""
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("PREFILL_REQUIRE_VLLM"):
-            pytest.fail(f"{VLLM_PYTHON} is missing: make vllm-setup")
-        pytest.skip("no vLLM venv (make vllm-setup)")
-
-
 @pytest.fixture(scope="module")
 def vllm_url():
     need_vllm()
-    with server(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, pid):
+    with served(None, "--backend", "vllm", "--calibration", "none", python=str(VLLM_PYTHON)) as (url, pid):
         children = [
             int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
         ]

@@ -11,7 +11,7 @@ log P("fraud review<|im_end|>") is the probability that the model says exactly t
 options of any length, and options that share first tokens ("fraud" vs "fraud review"), are scored
 exactly. Reading only the first token instead ties such options (both start with "fraud"), and it was also
 worse where it does not tie; the chat template beat a plain prompt, so it is used whenever the tokenizer has
-one (README "Readout and prompt format", `python -m benchmarks.readout`).
+one (README "Readout and prompt format", `python -m benchmarks.quality.readout`).
 
 Models whose layers ignore attention masks (recurrent or linear-attention hybrids), and sliding-window
 models whose context outruns the window, are run as rows instead: each (question, answer) is a row
@@ -48,7 +48,7 @@ class CausalLMBackend(HiddenStates, Backend):
     smaller chunks waste less attention; but each chunk is a pass that streams every weight once, which costs
     more on a larger model and once the matrix products are fast: 2048 beat 512 on the SemIf request in bf16
     and fp32, 1024 and 4096 were within a few percent (README "The CPU's matrix units", `python -m
-    benchmarks.fastpath --chunks`).
+    benchmarks.speed.fastpath --chunks`).
 
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used
     out first), so further requests about the same state skip re-reading it; the results are identical.

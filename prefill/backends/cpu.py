@@ -7,12 +7,12 @@ default, is bf16 where the CPU reports either flag (a CPU without them emulates 
 faster). An x86 CPU without them (AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8
 through fbgemm faster than fp32, so there auto is int8 (`quantize_linears`: weights per output channel,
 activations per token, the LM head fp32), which brings the 1.5B model near what the 0.5B costs in fp32
-(README "Without bf16 units", `python -m benchmarks.no_bf16`); fp32 where there are no int8 kernels.
+(README "Without bf16 units", `python -m benchmarks.speed.no_bf16`); fp32 where there are no int8 kernels.
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
 CPU freezing does) and calling `_linear_pointwise` gives bit-identical outputs, faster at every row count
-tried, with the row hint 64 best (`python -m benchmarks.fastpath --micro`). The packed copy doubles the
+tried, with the row hint 64 best (`python -m benchmarks.speed.fastpath --micro`). The packed copy doubles the
 memory of the linear weights (a bf16 model with packed linears takes what the fp32 model took). Only
 inference is packed: with gradients on (LoRA training) the layer runs as before.
 
@@ -27,61 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import os
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+from ..precision import has_bf16_units
+
 PACK_ROWS_HINT = 64
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty where it cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def has_bf16_units() -> bool:
-    """Whether the CPU multiplies bf16 matrices in hardware (AMX or AVX-512 bf16)."""
-    return any(f in cpu_flags() for f in BF16_FLAGS)
-
-
-def has_int8_kernels() -> bool:
-    """Whether fbgemm's int8 matrix products run here (an x86 CPU with AVX2)."""
-    engines = torch.backends.quantized.supported_engines
-    return "avx2" in cpu_flags() and ("x86" in engines or "fbgemm" in engines)
-
-
-def asked_dtype(dtype: str | None) -> str:
-    """The precision asked for: `dtype`, else the environment's PREFILL_DTYPE, else "auto"."""
-    return dtype or os.environ.get("PREFILL_DTYPE") or "auto"
-
-
-def resolve_dtype(dtype: str | None) -> str:
-    """ "auto" -> bfloat16 on a GPU or on a CPU with bf16 matrix units; on an x86 CPU without them, int8
-    (products in int8, a scale per token: the 1.5B model near the 0.5B's fp32 time, README "Without
-    bf16 units"); float32 elsewhere. Others as given. None: the environment's PREFILL_DTYPE, else "auto" (the test
-    suite sets float32, the exact reference path its 1e-4 checks are written for; bf16 and int8 are tested on
-    their own)."""
-    dtype = asked_dtype(dtype)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    if dtype != "auto":
-        return dtype
-    if torch.cuda.is_available() or has_bf16_units():
-        return "bfloat16"
-    return "int8" if has_int8_kernels() else "float32"
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -190,11 +143,6 @@ def fixed_rows(model) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- int8 products, a scale per token
-
-
-def torch_dtype(dtype: str) -> torch.dtype:
-    """The precision a model is loaded in: int8 is an fp32 model whose linear layers are then quantised."""
-    return torch.float32 if dtype == "int8" else getattr(torch, dtype)
 
 
 def quantize_linears(model: torch.nn.Module) -> int:
@@ -315,7 +263,7 @@ def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
     input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
     rest of the vocabulary stays bf16: a top-k and a few dot products, where an fp32 head would cost
     several times the bf16 one, for the same answers (README "The CPU's matrix units", measured by `python -m
-    benchmarks.fastpath --micro` and `--precision`). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32
+    benchmarks.speed.fastpath --micro` and `--precision`). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32
     logits, or None."""
     if not head_input:
         return None

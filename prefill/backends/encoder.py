@@ -50,19 +50,6 @@ from .base import Backend, RequestTooLarge
 from .cpu import pack_linears
 from .tree import Features
 
-# Model types read as bidirectional encoders (auto-detected: `--route auto`).
-ENCODER_TYPES = {
-    "bert",
-    "mpnet",
-    "roberta",
-    "xlm-roberta",
-    "distilbert",
-    "electra",
-    "deberta",
-    "deberta-v2",
-    "modernbert",
-}  # and any config with use_bidirectional_attention (EmbeddingGemma)
-
 
 @dataclass(frozen=True)
 class Slots(Branches):
@@ -119,7 +106,7 @@ class EncoderBackend(Backend):
     route = "encoder"
     # What trained heads read as a question's decision state: "sequence", the mean over its whole sequence, or
     # "question", over the question's span (what heads read before 2026-12-03; kept for the comparison in
-    # benchmarks/pooling.py, which chose "sequence").
+    # benchmarks/training/pooling.py, which chose "sequence").
     pooling = "sequence"
     answers_by = "encoder, a [MASK] slot per option"
     reads_features = truncates = True

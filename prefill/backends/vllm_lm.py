@@ -37,10 +37,6 @@ from pathlib import Path
 from ..render import Branches, Renderer
 from .base import Backend
 
-NO_READOUTS = (
-    "trained readouts read the model's hidden states, which vLLM does not return for prompt tokens; "
-    "serve them with the torch backend (the default, --backend torch)"
-)
 # KV cache size on a CPU (GiB): vLLM's default takes a fraction of the machine's memory, which with a second
 # model loaded (tests, benchmarks) does not fit in 24 GiB. 2 GiB holds ~85k tokens of Qwen2.5-0.5B in fp32.
 DEFAULT_CPU_KV_CACHE_GIB = 2

@@ -24,33 +24,36 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from ..settings import Settings
 
-from ..api import Prefill
-from ..generation import LlamaServer, llama_server_binary
-from ..settings import Settings
-from .http import LocalServer, http_load
-from .measure import QUESTIONS, STATE, nouls, timed
-from .scaling import overhead, plot, scale_options, scale_questions, scale_state
-from .semif import fast_path, semif
-
-__all__ = ["LlamaServer", "llama_server_binary", "QUESTIONS", "STATE", "nouls", "timed", "run", "add_arguments"]
+__all__ = ["run", "add_arguments", "SECTIONS"]
 
 
 # ---------------------------------------------------------------- the command
 
 
 def run(settings: Settings, args: argparse.Namespace) -> dict:
+    """The measurements the flags ask for, written to `args.out` (bench.json, the plot). Its imports are here:
+    the command line reads this module's flags without loading torch."""
+    import torch
+
+    from ..api import Prefill
+    from ..loading import resolve
+    from ..serving.app import create_app
+    from .http import http_load, in_thread
+    from .scaling import overhead, plot, scale_options, scale_questions, scale_state
+    from .semif import fast_path, semif
+
     torch.manual_seed(0)
     # The fact pass off: the benchmark measures the model path (it would answer one SemIf question exactly).
     # With --readout, the served path is measured (the trained heads, their early exit, a LoRA merged).
     if len(settings.readouts) > 1:
         raise SystemExit("prefill bench: one --readout at a time")
-    # it times decoder passes against generation (the encoder route: benchmarks/routes.py)
+    # it times decoder passes against generation (the encoder route: benchmarks/speed/routes.py)
     pf = Prefill(settings=settings.replace(facts=False, route="decoder"))
-    from ..loading import resolve
-
     source = resolve(settings.model, pf.dtype)
     gguf = source.location if source.kind == "gguf" else None  # llama.cpp runs the same file
     quick = args.quick
@@ -74,12 +77,12 @@ def run(settings: Settings, args: argparse.Namespace) -> dict:
         "http": ("http", lambda url: http_load(url, 2 if quick else 4, 4 if quick else 24, n_q, 30 if quick else 300)),
     }
     chosen = [name for name in SECTIONS if name in sections]
-    with LocalServer(pf) as server:
+    with in_thread(create_app(pf.engine)) as url:
         for i, name in enumerate(chosen, 1):
             print(f"prefill bench: {name} ({i}/{len(chosen)}) ...", file=sys.stderr, flush=True)
             key, measure = steps[name]
             started = time.perf_counter()
-            report[key] = measure(server.url)
+            report[key] = measure(url)
             print(f"prefill bench: {name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     if "scale_questions" in report:
         plot(report["scale_questions"], out / "latency_vs_questions.png", pf.name)

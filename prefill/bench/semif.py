@@ -9,7 +9,7 @@ import statistics
 import torch
 
 from ..api import Prefill
-from ..generation import LlamaServer, generate_json, json_prompt, llama_server_binary, parse_json_answers
+from .generation import LlamaServer, generate_json, json_prompt, llama_server_binary, parse_json_answers
 from .measure import QUESTIONS, STATE, nouls, timed, tokens_ran
 
 

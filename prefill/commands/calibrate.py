@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args) -> int:
-    from ..api import setup
+    from ..calibration import setup
     from ..evaluation import evaluate
     from ..loading import cache_dir
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..settings import Settings
+from ..settings import AUTO_HEAD_KINDS, HEAD_KINDS, Settings
 
 
 def usage_error(message: str) -> None:
@@ -37,7 +37,7 @@ def labelled_items(paths: list[str], command: str) -> list:
 
 
 def has_adapter(path: str) -> bool:
-    from ..heads.head import Heads
+    from ..heads import Heads
 
     try:
         return Heads.load(path).adapter is not None
@@ -45,10 +45,11 @@ def has_adapter(path: str) -> bool:
         return False  # reported when it is loaded for real
 
 
-def build_prefill(settings: Settings, command: str):
+def build_prefill(settings: Settings, command: str, plan=None):
     """The Prefill the settings describe, for `command`: the base model with the fallback, and the readout
     it reads. Elsewhere than serve, and for a LoRA readout (which changes the weights), the one readout is
-    the engine; `prefill serve` adds its readouts beside the base (commands/serve.py)."""
+    the engine; `prefill serve` adds its readouts beside the base (commands/serve.py). `plan`: build.plan's,
+    where the command made it already."""
     from ..api import Prefill
     from ..loading import ModelNotFound
 
@@ -57,7 +58,7 @@ def build_prefill(settings: Settings, command: str):
         usage_error(f"prefill {command} takes one --readout (prefill serve takes several)")
     first = readouts[0] if readouts and (command != "serve" or has_adapter(readouts[0][1])) else None
     try:
-        pf = Prefill(settings=settings.replace(readouts=(first,) if first else ()))
+        pf = Prefill(settings=settings.replace(readouts=(first,) if first else ()), plan=plan)
     except (ModelNotFound, ValueError) as e:  # a model, readout or calibration that cannot be had, said plainly
         if command == "serve":  # loading in the background: reported on /health (serve checks at start-up)
             raise
@@ -77,16 +78,11 @@ def build_prefill(settings: Settings, command: str):
     return pf
 
 
-def check_vllm(settings: Settings, command: str, generate: bool = False) -> None:
-    """--backend vllm: what it cannot do, told at once (exit 2) rather than after vLLM has started."""
-    from ..backends.vllm_lm import NO_READOUTS
-
-    if settings.route == "encoder":
-        usage_error("the encoder route runs on the torch backend only")
+def check_vllm(command: str, generate: bool = False) -> None:
+    """--backend vllm: what it cannot do, told at once (exit 2) rather than after vLLM has started (the
+    settings it cannot take are build.check's)."""
     if command in ("train", "bench"):
         usage_error(f"prefill {command} needs the torch backend (it reads hidden states or times torch passes)")
-    if settings.readouts:
-        usage_error(f"--readout with --backend vllm: {NO_READOUTS}")
     if generate:
         usage_error("eval --generate needs the torch backend")
     if importlib.util.find_spec("vllm") is None:
@@ -107,14 +103,11 @@ def add_rows_arguments(p) -> None:
 
 def add_kind_argument(p, default: str, extra: tuple[str, ...] = (), more_help: str = "") -> None:
     """`--kind`, the trained head's kind, as `prefill train` and `prefill distill` both take it."""
-    from ..heads.head import KINDS
-    from ..heads.training import AUTO_KINDS
-
     p.add_argument(
         "--kind",
         default=default,
-        choices=[*KINDS, "auto", *extra],
+        choices=[*HEAD_KINDS, "auto", *extra],
         help=f"the head (heads/head.py; default {default}): linear, pointer, mlp, classes (a weight vector per "
-        f"answer taught: for fixed questions), or auto: whichever of {', '.join(AUTO_KINDS)} has the lowest "
+        f"answer taught: for fixed questions), or auto: whichever of {', '.join(AUTO_HEAD_KINDS)} has the lowest "
         f"held-out log loss{more_help}",
     )

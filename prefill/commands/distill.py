@@ -84,8 +84,8 @@ def teacher_of(args, settings: Settings):
 
 def run(settings: Settings, args) -> int:
     from ..batch import BatchError, load_questions
-    from ..heads import distill
     from ..loading import ModelNotFound
+    from ..training import distill
 
     out = Path(args.out)
     try:
@@ -135,9 +135,10 @@ def run(settings: Settings, args) -> int:
 def train_student(student, items, targets, held: tuple, args) -> tuple[dict, list[dict] | None]:
     """The student's head trained on the teacher's distributions of the training rows and saved under --out;
     then, on the same features, the learning curve (`distill.learning_curve`) unless --no-curve."""
-    from ..heads import distill, training
-    from ..heads.fitting import extract
-    from ..heads.head import Head
+    from ..heads import Head
+    from ..training import distill
+    from ..training import train as training
+    from ..training.fitting import extract
 
     backend = student.backend
     layers = training.default_layers(backend.depth, 1, 0)

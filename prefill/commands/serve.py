@@ -17,15 +17,17 @@ HELP = "serve the TypeSafe System One API"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default %(default)s; make serve: 0.0.0.0)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default %(default)s)")
     p.add_argument(
         "--api-key",
         action="append",
         default=[],
         help="require this Bearer key (repeatable; also PREFILL_API_KEYS, comma-separated)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="uvicorn's log level (default %(default)s)")
     p.add_argument(
         "--default-model",
         default=None,
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_QUEUE,
         help="requests that may be in at once, waiting or running; past it, 429 with Retry-After "
-        "(default %(default)s: 4 per CPU core)",
+        "(default: 4 per CPU core)",
     )
     p.add_argument(
         "--max-wait",
@@ -79,32 +81,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args) -> int:
     import uvicorn
 
-    from ..backends.cpu import asked_dtype, resolve_dtype
-    from ..backends.factory import plan
+    from ..build import plan as make_plan
     from ..loading import ModelNotFound, default_note
 
-    dtype = resolve_dtype(settings.dtype)
     try:
         # a wrong path or a missing default model fails now, not in the background; what will run is
-        # decided here (the route may take auto's int8 back to fp32), so the first line says it
-        source, _, precision = plan(settings, dtype)
-        name = source.name
-        check(settings, args, name)
+        # decided here, once (the route may take auto's int8 back to fp32), so the first line says it
+        plan = make_plan(settings)
+        check(settings, args, plan.name)
     except (ModelNotFound, ValueError) as e:
         print(f"prefill serve: {e}", file=sys.stderr)
         return 2
-    if note := default_note(settings.model, dtype):
+    if note := default_note(settings.model, plan.precision):
         print(f"prefill serve: {note}", file=sys.stderr)
     keys = list(args.api_key) + [k.strip() for k in os.environ.get("PREFILL_API_KEYS", "").split(",") if k.strip()]
-    if args.replicas:
+    if args.replicas:  # each replica plans for the machine it runs on
         return serve_on_ray(settings, args, keys)
-    where, auto = f"http://{args.host}:{args.port}", asked_dtype(settings.dtype) == "auto"
+    where, chosen = f"http://{args.host}:{args.port}", ", as --dtype auto chose for this CPU" if plan.auto else ""
     print(
-        f"prefill serve: loading {name} ({precision}{', as --dtype auto chose for this CPU' if auto else ''}) in the "
-        f"background; {where}/health says when it is ready",
+        f"prefill serve: loading {plan.name} ({plan.precision}{chosen}) in the background; "
+        f"{where}/health says when it is ready",
         file=sys.stderr,
     )
-    uvicorn.run(app(settings, args, keys), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app(settings, args, keys, plan=plan), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -125,12 +124,12 @@ def serve_on_ray(settings: Settings, args, keys: list[str]) -> int:
     return 0
 
 
-def app(settings: Settings, args, keys: list[str], loaded: bool = False):
+def app(settings: Settings, args, keys: list[str], loaded: bool = False, plan=None):
     """The app: the engines load in the background (or here, `loaded`: a Ray Serve replica, which is ready
-    when its constructor returns)."""
+    when its constructor returns). `plan`: what `run` decided and announced."""
     from ..serving.app import create_app
 
-    load = functools.partial(engines, settings, args.default_model)
+    load = functools.partial(engines, settings, args.default_model, plan)
     return create_app(
         load() if loaded else load,
         api_keys=keys,
@@ -141,14 +140,14 @@ def app(settings: Settings, args, keys: list[str], loaded: bool = False):
     )
 
 
-def engines(settings: Settings, default_model: str | None):
+def engines(settings: Settings, default_model: str | None, plan=None):
     """What is served: the plain base model under its own name and every --readout beside it, all on one
     copy of the weights and one state cache; the jev-* aliases point to `default_model` (default: the first
     readout). A readout trained with a LoRA changes the weights: it is served alone."""
     from ..serving.app import Served
 
     started = time.perf_counter()
-    pf = build_prefill(settings, "serve")
+    pf = build_prefill(settings, "serve", plan)
     if pf.engine.heads is None:  # (a LoRA readout among others was refused by `check`)
         for name, path in settings.readouts:
             pf.add_readout(path, name)
@@ -166,9 +165,10 @@ def engines(settings: Settings, default_model: str | None):
 
 def check(settings: Settings, args, base: str) -> None:
     """What can be told before loading the model, told at start-up (exit 2) rather than as a 503 later."""
-    from ..api import LORA_CANNOT_SHARE, check_calibration
+    from ..build import check_shared
+    from ..calibration import check_calibration
     from ..fallback import check_remote
-    from ..heads.head import Heads
+    from ..heads import Heads
 
     if args.max_replicas is not None and not 0 < args.replicas <= args.max_replicas:
         raise ValueError("--max-replicas M needs --replicas N with 0 < N <= M (N: the fewest replicas)")
@@ -176,8 +176,7 @@ def check(settings: Settings, args, base: str) -> None:
     for _, path in settings.readouts:
         if not Path(path).exists():
             raise ValueError(f"--readout {path}: no such file or folder")
-    if len(settings.readouts) > 1 and any(has_adapter(path) for _, path in settings.readouts):
-        raise ValueError(LORA_CANNOT_SHARE)
+    check_shared([has_adapter(path) for _, path in settings.readouts])
     names = [base] + [name or f"{base}+{Heads.load(path).name}" for name, path in settings.readouts]
     if len(set(names)) < len(names):
         raise ValueError(f"two served models would have the same name ({names}); name them: --readout NAME=DIR")

@@ -76,7 +76,8 @@ def _fail(message: str) -> int:
 
 
 def _train(settings: Settings, args) -> int:
-    from ..heads import lora, training
+    from ..training import lora
+    from ..training import train as training
 
     if args.kind == "lora" and settings.dtype is None:
         settings = settings.replace(

@@ -2,7 +2,7 @@
 
 Data is JSONL, one item a line: {"state": ..., "questions": {id: question}, "gold": {id: answer}}, with
 gold `true`/`false` for noul, an option name for choice, a level index for score, and optionally
-"reference_date" (YYYY-MM-DD, "today" for date questions). `benchmarks/labelled.py`
+"reference_date" (YYYY-MM-DD, "today" for date questions). `benchmarks/data/sys1bench.py`
 writes sys1bench's policy-labelled tasks in this form.
 
 The evaluation reports, per question type, accuracy, macro-F1, log loss, Brier, ECE with the ECE a
@@ -28,11 +28,11 @@ import torch
 from pydantic import TypeAdapter
 from tqdm import tqdm
 
+from ..calibration import Calibration, question_key
 from ..engine import Engine
 from ..render import render_question
 from ..schema import AnyQuestion, Choice, Noul, Question, Score, answer_labels
 from . import metrics
-from .calibration import Calibration, question_key
 
 _QUESTIONS = TypeAdapter(dict[str, Question])
 

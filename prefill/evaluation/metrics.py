@@ -11,7 +11,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-Prediction = tuple[Sequence[float], int]  # (probabilities over declared answers, gold index)
+from ..calibration import Prediction
 
 
 def argmax(p: Sequence[float]) -> int:

@@ -250,16 +250,15 @@ async def systemone(req: SystemOneRequest, request: Request):
         raise ApiError(400, "invalid_request_error", str(err)) from err
     d = await run_in_threadpool(e.conclude, *call, found)
     ctx.telemetry.answered(d)
-    body = SystemOneResponse(model=e.name, answers=d.answers, usage=d.usage).model_dump(mode="json")
-    # prefill's extensions, x_-prefixed so the contract stays clean, and only when there is something to say
-    for key, qids in (
-        ("x_low_confidence", d.low_confidence),
-        ("x_escalated", d.escalated),
-        ("x_truncated", d.truncated),
-    ):
-        if qids:
-            body[key] = qids
-    return JSONResponse(body)
+    response = SystemOneResponse(
+        model=e.name,
+        answers=d.answers,
+        usage=d.usage,
+        x_low_confidence=d.low_confidence,
+        x_escalated=d.escalated,
+        x_truncated=d.truncated,
+    )
+    return JSONResponse(response.model_dump(mode="json"))
 
 
 async def _outcome(job: Job, request: Request, scheduler: Scheduler):
