@@ -105,10 +105,11 @@ class Prefill:
         seconds it took. A process's first request pays one-time costs that later ones do not (the matrix
         library's kernels built for the shapes it meets, memory touched for the first time, the priors'
         empty state run): on the 1.5B in bf16, a fresh process's first request took 1.67 s, and 1.34 s
-        after this, which itself took 1.7 s (medians of five fresh processes each; README "A process's
-        first request", `python -m benchmarks.speed.first_request`). `prefill serve` calls it before it says it
-        is ready, so the first user does not pay them. The fallback is never asked (`Engine.probabilities`);
-        the made-up state and questions stay in the caches as any request's would, and answer nothing else."""
+        after this, which itself took 1.7 s (medians of five fresh processes each;
+        docs/measurements/serving-under-load.md#a-processs-first-request, `python -m benchmarks.speed.first_request`).
+        `prefill serve` calls it before it says it is ready, so the first user does not pay them. The fallback is never
+        asked (`Engine.probabilities`); the made-up state and questions stay in the caches as any request's would, and
+        answer nothing else."""
         started = time.perf_counter()
         for engine in self.engines.values():
             try:

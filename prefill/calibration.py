@@ -5,8 +5,8 @@ It never changes which answer is most likely (accuracy is untouched) but moves e
 every confidence. One temperature per question type, optionally per option-count bucket. Yes/no answers
 also get a bias on "yes" (Platt scaling: P'(yes) = sigmoid(x / T + b), x the yes-minus-no log-likelihood),
 because a small model's error there is mostly a lean towards one answer, which no temperature can undo;
-on sys1bench it is what brings the held-out noul ECE under 0.05 (see README). A file is only accepted by the
-model whose fingerprint it names, so temperatures fitted for one model are never applied to another.
+on sys1bench it is what brings the held-out noul ECE under 0.05 (docs/measurements/real-text.md). A file is only
+accepted by the model whose fingerprint it names, so temperatures fitted for one model are never applied to another.
 
 Per question (`prefill calibrate --per-question`): a question asked often enough in the labelled rows gets its
 own correction on top of its type's calibration (a temperature and a bias per answer), found again by the
@@ -14,7 +14,7 @@ question's content (never its id, nor its options' order), so one question's lea
 other. Why: on real tasks each question leans its own way ("Is this review negative?" is answered yes to most
 positive reviews, "... positive?" is not), which one bias per type cannot undo for both. Measured on the real-task
 suite's nine tasks, 21 task x type cells, one calibration file for all of them fitted on half of each task's
-texts and measured on the other half (`benchmarks.quality.tasks --report`, README "Per-question calibration"): mean
+texts and measured on the other half (`benchmarks.quality.tasks --report`, docs/measurements/calibration.md): mean
 accuracy 0.716 -> 0.743, ECE 0.123 -> 0.077 (at most 0.05 on 7 cells instead of 2), log loss 0.581 -> 0.539. A
 file of one task's rows gains nothing (0.730 / 0.080 both ways): one yes-bias fits a task's lean about as well.
 It loses where a question carries no signal (spam e-mail: the correction fits noise in 24 rows).

@@ -105,7 +105,7 @@ class Engine:
     max_sequence_tokens: int = schema.DEFAULT_MAX_SEQUENCE_TOKENS
     # Fitted temperatures (prefill calibrate), applied to every answer; None serves raw model probabilities.
     calibration: Calibration | None = None
-    # Exact answers for single numeric/date comparisons (see facts.py and the README's measurement).
+    # Exact answers for single numeric/date comparisons (see facts.py and docs/measurements/facts.md).
     use_facts: bool = True
     # Trained heads (prefill train) read instead of the training-free log-likelihoods; they carry their own
     # calibration (per-type temperatures fitted on families they did not train on), so `calibration`, which

@@ -24,7 +24,7 @@ Two kinds, both over HTTP with one client and a timeout:
     answers outside the top ones share what the list leaves (each at most its smallest entry), and the
     whole is renormalised over the declared answers. Why: with the chosen answer's probability alone, a
     distilled student learnt from one-hot targets, and where the schema forced an answer the model gave
-    under 1/n the reply said nothing at all (a quarter of the spam rows in README "Distillation");
+    under 1/n the reply said nothing at all (a quarter of the spam rows in docs/measurements/distillation.md);
   - with logprobs but no alternatives: the chosen answer gets p = exp(Σ logprob of its tokens) (at least
     the uniform 1/n, since it was the answer chosen) and the other answers share 1 - p evenly;
   - without: the chosen answer gets 1 - UNSCORED_MASS and the others share UNSCORED_MASS evenly (a

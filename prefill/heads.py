@@ -6,7 +6,8 @@ isolation and every invariance of the training-free path hold for them too:
 - linear:  s_o = w · norm(h_o)                           (h_o: the hidden state at answer o's end token)
 - pointer: s_o = (Q norm(h_dec)) · (K norm(h_o)) / √r     (h_dec: the decision token, where the answer starts;
                                                           on the encoder route the question's sequence pooled)
-- mlp:     s_o = w₂ · gelu(W₁ norm(h_o) + b₁)             (a small MLP, r hidden units; README "Trained on one task")
+- mlp:     s_o = w₂ · gelu(W₁ norm(h_o) + b₁)             (a small MLP, r hidden units; measured:
+                                                          docs/measurements/single-task.md)
 - classes: s_o = w_o · norm(h_dec) + b_o                 (a weight vector per answer it was taught, by type and
                                                           name; an answer it was not taught scores 0, as an
                                                           untrained head does)
@@ -19,7 +20,7 @@ reads the last layer only); it is what early exit uses.
 Why classes: the other three score an answer from its own hidden state (or compare it with the decision's
 through a low rank), and must learn from the data what the answer's tokens mean; a weight vector per answer
 is the plain classifier over the question's state, which a few hundred rows teach where the others stay near
-chance (eight languages on EmbeddingGemma: README "Distillation"). It serves only the answers it was taught:
+chance (eight languages on EmbeddingGemma: docs/measurements/distillation.md). It serves only the answers it was taught:
 a head for a user's own fixed questions.
 
 Each head also carries a temperature per question type, fitted by `prefill train` on predictions for

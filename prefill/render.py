@@ -28,7 +28,7 @@ _REPLY = "\x00REPLY\x00"
 
 YES, NO = "Yes", "No"
 ANSWER_WORDS = {"yesno": (YES, NO), "truefalse": ("True", "False")}
-# The prompt choices served by default (measured on real labelled text: README "Real text").
+# The prompt choices served by default (measured on real labelled text: docs/measurements/real-text.md).
 DEFAULT_SYSTEM = True
 DEFAULT_NOUL_WORDS = "yesno"
 DEFAULT_SCORE_WORDS = "numbers"

@@ -23,7 +23,7 @@ extra pass) and cached; it is computed in the same isolated way as the answers, 
 cannot depend on the other questions, their order or ids, and permuting the options permutes the prior.
 
 Which token rule and correction the engine uses per question type was chosen on real labelled text
-(benchmarks/quality/realtext.py; README "Real text"): see DEFAULT.
+(benchmarks/quality/realtext.py; docs/measurements/real-text.md): see DEFAULT.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Scoring:
 
 
 # The engine's default per question type, chosen on real labelled text (benchmarks/quality/realtext.py; the numbers
-# are in README "Real text" and "Real tasks"): the token rules that score "this answer, then stop" (whole,
+# are in docs/measurements/real-text.md and "Real tasks"): the token rules that score "this answer, then stop" (whole,
 # mean) rank answers as well as the first token does and stay exact for options sharing first tokens, and
 # PMI is what turns that ranking into right answers at a 0.5 threshold; it also costs one content-free pass
 # per new question where contextual costs three.
@@ -172,7 +172,7 @@ def with_opposite(p_yes: float, p_opposite_yes: float) -> float:
     warrants) cancels; the evidence each carries adds. It helps only where the model reads both questions
     the right way round: on the real-task suite the 1.5B's review verdicts go from 0.77-0.81 alone to
     0.88-0.92 paired, while an opposite it reads backwards ("Is this a legitimate email, not spam?") drags
-    its pair to chance (README "Real tasks", `python -m benchmarks.quality.tasks --report`)."""
+    its pair to chance (docs/measurements/real-tasks.md, `python -m benchmarks.quality.tasks --report`)."""
 
     def scores(p: float) -> list[float]:
         p = min(max(p, 1e-12), 1 - 1e-12)

@@ -76,8 +76,8 @@ class Settings:
             "--dtype",
             "auto (the default, or PREFILL_DTYPE): bfloat16 where the CPU has bf16 matrix units (AMX, "
             "AVX-512 bf16) or on a GPU, int8 on an x86 CPU with AVX2 and no bf16 units, float32 elsewhere; "
-            'float32 is the exact reference path (README "The CPU\'s matrix units"); int8: int8 products with a '
-            'scale per token (README "Without bf16 units")',
+            "float32 is the exact reference path (docs/measurements/cpu-precision.md); int8: int8 products with a "
+            "scale per token (docs/measurements/cpu-precision.md#without-bf16-units-int8)",
             choices=DTYPES,
         ),
     )
@@ -88,7 +88,7 @@ class Settings:
             "bf16 on a CPU: every answer the same bits however its question is packed or its request batched "
             "(products in fixed blocks of rows, attention in float64), at about 1.5x the time of a many-question "
             "request; without it bf16 answers move by up to a few hundredths. int8 is exact always, fp32 within 1e-6 "
-            '(README "Precision")',
+            "(docs/measurements/cpu-precision.md#precision)",
             action="store_true",
         ),
     )
@@ -97,7 +97,8 @@ class Settings:
         metadata=flag(
             "--route",
             "decoder: a causal LM, one pass over a token tree; encoder: a bidirectional encoder with a "
-            "[MASK] slot per option, one sequence per question (README 'Encoder route'); auto: by the model's type",
+            "[MASK] slot per option, one sequence per question (docs/models-and-precision.md#the-encoder-route); "
+            "auto: by the model's type",
             choices=["auto", "decoder", "encoder"],
         ),
     )
@@ -106,7 +107,7 @@ class Settings:
         metadata=flag(
             "--backend",
             "torch: the token-tree engine (the reference); vllm: vLLM's paged KV cache and prefix "
-            "caching, the same answers, no trained readouts (make vllm-setup; README 'vLLM backend')",
+            "caching, the same answers, no trained readouts (make vllm-setup; docs/design.md#the-vllm-backend)",
             choices=["torch", "vllm"],
         ),
     )
@@ -167,7 +168,7 @@ class Settings:
             "--scoring",
             "how answers are read for a question type (noul, choice, score or all), e.g. choice=first, "
             "all=whole+pmi or choice=whole+pmi*0.5 (a weight on the prior); token rules whole|noend|mean|first, "
-            "corrections contextual|pmi|none (default: whole+pmi for every type; README 'Real tasks')",
+            "corrections contextual|pmi|none (default: whole+pmi for every type; docs/measurements/real-tasks.md)",
             action="append",
             metavar="TYPE=TOKENS[+CORRECTION]",
             parse=scoring_options,

@@ -58,7 +58,8 @@ def default_prefill():
 def served_default():
     """The default model as `make serve` serves it (Qwen2.5-Coder-1.5B, loading.default_name: in bf16 on a
     CPU with bf16 units, in int8 on an AVX2 CPU without them), with the default prompt, scoring and
-    calibration. (The 0.5B, the default in fp32, fails these cases: README "Without bf16 units".)"""
+    calibration. (The 0.5B, the default in fp32, fails these cases:
+    docs/measurements/cpu-precision.md#without-bf16-units-int8.)"""
     from prefill import Prefill
     from prefill.loading import DEFAULT_BF16_NAME
 

@@ -168,6 +168,7 @@ def test_a_too_large_row_is_skipped_not_fatal(tokenizer, tmp_path):
     assert summary.answered == 2 and summary.skipped[0][0] == 3 and "RequestTooLarge" in summary.skipped[0][1]
 
 
+@pytest.mark.slow
 def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
     """The command itself: Ctrl-C mid-job keeps the finished rows (exit 130), the rerun finishes the rest,
     and the result is the uninterrupted run's."""
@@ -224,6 +225,7 @@ def test_cli_ctrl_c_then_rerun_continues(model_dir, tmp_path):  # noqa: F811
     assert read(out) == read(tmp_path / "whole.parquet")
 
 
+@pytest.mark.slow
 def test_ray_data_over_1000_records_equals_one_process_and_resumes(model_dir, tmp_path):  # noqa: F811
     """`prefill batch --ray`: 1,000 records over two engine actors (a local Ray started by the command) give
     the single-process output exactly, in order; and a job begun in one process is finished on Ray."""

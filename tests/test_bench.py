@@ -7,6 +7,10 @@ import math
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a real command or a local Ray in a subprocess: the full tier
+
 
 def test_bench_quick_smoke(model_dir, tmp_path):  # noqa: F811
     run = subprocess.run(

@@ -104,6 +104,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "prefill.cli", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_eval_and_calibrate_commands(model_dir, tmp_path):  # noqa: F811
     rows = []
     rng = random.Random(0)
@@ -235,6 +236,7 @@ def test_a_question_is_found_by_its_content_not_its_id_or_option_order(tokenizer
     assert alone.probabilities == pytest.approx(after["t2"].probabilities, abs=1e-5)  # T = 0.5 doubles 1e-6
 
 
+@pytest.mark.slow
 def test_calibrate_per_question_from_the_command_line(model_dir, tmp_path):  # noqa: F811
     """`--per-question` on rows where one question's answer is nearly always the same (a lean no temperature
     gives): kept because it does better out of fold, saved by question, and it moves that question's answers."""

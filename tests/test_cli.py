@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from prefill.loading import resolve
 
 
@@ -16,6 +18,7 @@ def ask(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_ask_from_files(model_dir, tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"subject": "Charged twice", "body": "Refund me."}))
     (tmp_path / "q.json").write_text(
@@ -48,6 +51,7 @@ def test_ask_rejects_bad_questions(model_dir):
     assert run.returncode == 2 and "criteria" in run.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_scoring_option_is_a_clear_error(model_dir):
     for bad in ("choice=magic", "colour=whole", "whole"):
         run = ask("--model", str(model_dir), "--scoring", bad, "--state", "x", "--questions", '{"q": {"type": "noul"}}')
@@ -82,6 +86,7 @@ def test_a_mistyped_model_name_is_said_at_once_not_asked_of_the_hub():
     assert resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct").kind == "hub"
 
 
+@pytest.mark.slow
 def test_bad_labelled_data_and_a_missing_calibration_file_are_usage_errors(model_dir, tmp_path):
     """Each said with its file and line (or the file), exit 2, no traceback, before any model loads."""
     good = {"state": "x", "questions": {"q": {"type": "noul"}}, "gold": {"q": True}}
@@ -112,6 +117,7 @@ def test_bad_labelled_data_and_a_missing_calibration_file_are_usage_errors(model
         assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
+@pytest.mark.slow
 def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     """The teacher loop end to end: record a teacher's answers, train a head on them, evaluate with it."""
     rows = []
@@ -183,6 +189,7 @@ def test_record_train_and_serve_a_readout(model_dir, tmp_path):
     assert run.returncode == 2 and "packed mode" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_label_weight_zero_trains_on_the_teacher_alone(model_dir, tmp_path):
     """`prefill train --teacher T --label-weight 0` (what distillation does): the gold labels take no part in
     the target, so the same rows with every gold label flipped train the same head, to the byte; with the

@@ -65,8 +65,8 @@ def test_options_sharing_a_first_token(default_prefill):
 
 def test_sensible_answers(default_prefill):
     """Not a benchmark: a clear-cut ticket routes to Billing and asks for money back. (How frustrated it reads
-    is not asserted: the 0.5B model's numbered levels barely move with the text on that question; README
-    "Real text".)"""
+    is not asserted: the 0.5B model's numbered levels barely move with the text on that question;
+    docs/measurements/real-text.md.)"""
     a = default_prefill.ask(TICKET, QUESTIONS)
     assert a["team"].choice == "Billing"
     assert a["refund"].noul > 0.5

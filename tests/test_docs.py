@@ -136,3 +136,15 @@ def test_the_readmes_python_code(model_dir, monkeypatch, capsys):
     exec(code, {})
     p, team, anger = capsys.readouterr().out.split()
     assert 0 <= float(p) <= 1 and team in ("Billing", "Technical") and 0 <= float(anger) <= 2
+
+
+def test_the_code_cites_docs_pages_that_exist():
+    """Docstrings, comments and help texts cite docs/ pages (and their headings), never README sections."""
+    cited, stale = set(), []
+    for path in [*(ROOT / "prefill").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
+        text = path.read_text()
+        stale += [f"{path.name}: {m}" for m in re.findall(r'README ["\'][^"\']+["\']', text)]
+        for page, anchor in re.findall(r"(?<![\w./])(docs/[\w/-]+\.md)(?:#([\w-]+))?", re.sub(r"/\n\s*", "/", text)):
+            cited.add((page, anchor))
+    missing = [f"{p}#{a}" for p, a in cited if not (ROOT / p).is_file() or a and a not in anchors(ROOT / p)]
+    assert cited and not missing and not stale, (missing, stale)

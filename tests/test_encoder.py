@@ -230,10 +230,10 @@ def test_split_archive_models_are_assembled_pinned_and_unpacked(tmp_path: Path, 
 
 
 def test_minilms_shipped_calibration_is_found_and_applied():
-    """MiniLM ships temperatures fitted on twelve tasks' training pools (README "Encoder route vs decoder
-    route"): at chance training-free, they flatten its answers towards uniform instead of serving noise
-    with confidence. Found by the weights' fingerprint, under the encoder route's own prompt and scoring
-    (a change to either would make the file silently inapplicable, which this catches)."""
+    """MiniLM ships temperatures fitted on twelve tasks' training pools (docs/measurements/encoder-vs-decoder.md): at
+    chance training-free, they flatten its answers towards uniform instead of serving noise with confidence. Found by
+    the weights' fingerprint, under the encoder route's own prompt and scoring (a change to either would make the file
+    silently inapplicable, which this catches)."""
     served, raw = Prefill("all-minilm-l6-v2"), Prefill("all-minilm-l6-v2", calibration=None)
     assert served.engine.calibration is not None and served.engine.calibration.model == "all-minilm-l6-v2"
     q = Choice("Which team?", ["Billing", "Technical support", "Shipping", "Sales", "Legal"])
@@ -242,6 +242,7 @@ def test_minilms_shipped_calibration_is_found_and_applied():
     assert max(calibrated.probabilities.values()) < max(plain.probabilities.values())
 
 
+@pytest.mark.slow
 def test_asking_an_encoder_with_no_head_says_it_is_at_chance():
     run = subprocess.run(
         [
@@ -299,11 +300,13 @@ def test_asking_an_encoder_with_no_head_says_it_is_at_chance():
         ),
     ],
 )
+@pytest.mark.slow
 def test_what_the_encoder_route_cannot_do_is_refused(argv, reason):
     run = subprocess.run([sys.executable, "-m", "prefill.cli", *argv], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and reason in run.stderr, run.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_jevcompat_conformance_on_the_encoder_route(tmp_path: Path):
     with served("all-minilm-l6-v2", "--calibration", "none") as (url, _):
         report = tmp_path / "report.json"
@@ -362,6 +365,7 @@ def labelled(n: int, seed: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_a_head_trained_on_the_encoder_route_is_served(tmp_path: Path):
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in labelled(60, seed=1)))

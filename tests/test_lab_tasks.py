@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from benchmarks.data.drugs import CLINICS, other_condition_texts
 from benchmarks.quality.suite import CONDITIONS, items
 from benchmarks.quality.tasks import in_format, run_name, shared_cells
@@ -15,6 +17,8 @@ from benchmarks.training.distill_tasks import write_task
 from prefill.schema import Noul
 
 from .helpers import make_model
+
+pytestmark = pytest.mark.slow  # the lab's runs, servers and downloads: the full tier
 
 
 def test_a_small_label_gives_all_its_texts_and_the_others_as_many_as_asked():

@@ -53,6 +53,7 @@ def correct(preds, units) -> int:
     return sum(max(range(len(p)), key=p.__getitem__) == g for p, (_, g, _) in zip(preds, lora.labels(units)))
 
 
+@pytest.mark.slow
 def test_lora_learns_saves_and_serves_what_it_learned(tiny_model, tokenizer, tmp_path):
     backend = make_backend(copy.deepcopy(tiny_model), tokenizer)
     units = lora.extract(backend, angry_items(16, "a") + angry_items(8, "b"), layer=1)

@@ -24,9 +24,10 @@ from .helpers import RAW, make_backend
 
 # Packed with other questions vs alone, reordered, renamed: the largest |Δp| measured in bf16 was 0.003 on the
 # tiny models here (0 for the Llama one), 0.009 (1.5B) and 0.012 (0.5B) on the real models, and 0.023-0.028 for
-# batched requests vs one by one (README "Precision", `python -m benchmarks.speed.fastpath --exact MODEL`): bf16
-# activations round to 8 significant bits, attention over a longer packed sequence sums in another order, and
-# oneDNN's bf16 products sum a row in an order that depends on the row count. `--exact` removes both (tested).
+# batched requests vs one by one (docs/measurements/cpu-precision.md#precision, `python -m benchmarks.speed.fastpath
+# --exact MODEL`): bf16 activations round to 8 significant bits, attention over a longer packed sequence sums in
+# another order, and oneDNN's bf16 products sum a row in an order that depends on the row count. `--exact` removes both
+# (tested).
 BF16_TOL = 1e-2
 needs_bf16_units = pytest.mark.skipif(not precision.has_bf16_units(), reason="this CPU has no bf16 matrix units")
 

@@ -110,6 +110,7 @@ def test_fallback_escalates_or_flags_low_confidence(tiny_model, tokenizer):
     assert max_delta(never.ask(STATE, QUESTIONS)[0], weak.ask(STATE, QUESTIONS)[0]) <= TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rl_weight", [0.0, 1.0])
 def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
     """On features from the tiny model, a head learns labels the base model does not know."""
@@ -147,6 +148,7 @@ def test_training_fits_the_targets(tiny_model, tokenizer, rl_weight):
     assert chosen["held_out_log_loss"] == min(r["held_out_log_loss"] for r in chosen["grid"])
 
 
+@pytest.mark.slow
 def test_one_task_training_fits_temperatures_on_held_out_items(tiny_model, tokenizer):
     """The single-task path (`prefill train` on a user's own labels, no family field): out-of-fold
     predictions for every item choose the weight decay and fit the temperatures (seen broken: NaN
@@ -196,6 +198,7 @@ def fit(train: list[fitting.Example], kind: str) -> tuple[Head, dict]:
     return final, report["final"]
 
 
+@pytest.mark.slow
 def test_auto_kind_leaves_the_linear_head_where_the_answer_depends_on_the_text():
     """A linear head scores each answer from its own features alone and cannot learn which one matches the
     text; `kind="auto"` measures the kinds in model selection and keeps one that can (seen: a distilled
@@ -232,6 +235,7 @@ def test_a_classes_head_is_solved_to_the_optimum_of_its_penalised_loss():
     assert {r["weight_decay"] for r in report["grid"]} == set(fitting.CLASSES_PENALTIES)
 
 
+@pytest.mark.slow
 def test_model_selection_reads_every_fold_at_the_epochs_the_final_head_trains_for():
     """The held-out loss that picks the weight decay, the epochs and (`--kind auto`) the kind is read with
     every fold's head trained for the same chosen epochs, the ones the final head trains for. Stopping each
@@ -255,6 +259,7 @@ def test_model_selection_reads_every_fold_at_the_epochs_the_final_head_trains_fo
     assert loss == pytest.approx(chosen["held_out_log_loss"], abs=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pointer", "classes"])
 def test_distilled_heads_are_chosen_against_the_teachers_distribution(kind):
     """Distillation trains on the teacher's distribution alone (label weight 0; the examples' "gold" is only
@@ -274,6 +279,7 @@ def test_distilled_heads_are_chosen_against_the_teachers_distribution(kind):
     assert abs(soft - top) > 0.05  # the two targets tell apart here
 
 
+@pytest.mark.slow
 def test_classes_head_knows_answers_by_name():
     """Where the answers' own states say nothing about them (only the question's state tells), the pointer
     cannot learn and a weight vector per answer taught can; auto takes it. It reads answers by name: options

@@ -22,6 +22,8 @@ from prefill.bench.http import free_port, started
 
 from .helpers import VLLM_PYTHON, make_model, need_vllm
 
+pytestmark = pytest.mark.slow  # a real command or a local Ray in a subprocess: the full tier
+
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
     "team": {

@@ -389,6 +389,7 @@ def chat_server():
         yield url, model_dir
 
 
+@pytest.mark.slow
 def test_an_openai_compatible_server_answers_the_unsure_questions(tiny_model, tokenizer, chat_server):
     url, model = chat_server
     state = "I was charged twice for my March invoice and I want my money back."
@@ -405,6 +406,7 @@ def test_an_openai_compatible_server_answers_the_unsure_questions(tiny_model, to
     assert chat.schema_ok is True  # the server ignores response_format rather than refusing it
 
 
+@pytest.mark.slow
 def test_prefill_serve_serves_named_readouts_beside_the_base(tmp_path, tokenizer):
     """The CLI path: `prefill serve --readout NAME=DIR ...` on a local model directory."""
     from prefill import loading

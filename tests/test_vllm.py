@@ -23,7 +23,7 @@ from prefill.schema import wire_questions
 
 from .helpers import VLLM_PYTHON, need_vllm
 
-pytestmark = pytest.mark.default_model
+pytestmark = [pytest.mark.default_model, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
 STATE = (

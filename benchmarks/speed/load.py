@@ -16,7 +16,7 @@ Starts the server itself (one process per setting, the given model), then measur
 Every request asks three questions (yes/no, choice, score) about a different short support message, so the
 state cache does not make the load easier than real traffic.
 
-    python -m benchmarks.speed.load --out out/load.json                        # the README tables (~7 min)
+    python -m benchmarks.speed.load --out out/load.json   # docs/measurements/serving-under-load.md's tables (~7 min)
     python -m benchmarks.speed.load --seconds 5 --repeats 1 --concurrency 1,4 --sustain 10 \
         --overload-seconds 10 --batching on
     python -m benchmarks.speed.load --batching on --against "--replicas 2" --sustain 0 --overload-seconds 0  # Ray Serve

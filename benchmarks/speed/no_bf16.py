@@ -1,7 +1,7 @@
 """On a CPU without bf16 matrix units (AVX2 only, say): what each model costs in fp32, what it answers to a
 newcomer's first questions, and what int8 on every linear layer of the decoder (weights per output channel,
 activations per token: `--dtype int8`, auto there; the LM head stays fp32) costs and changes. One model per
-run, run alone (README "Without bf16 units"):
+run, run alone (docs/measurements/cpu-precision.md#without-bf16-units-int8):
 
     python -m benchmarks.speed.no_bf16 --model qwen2.5-coder-0.5b-instruct
     python -m benchmarks.speed.no_bf16 --model qwen2.5-coder-1.5b-instruct

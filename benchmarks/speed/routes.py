@@ -3,7 +3,7 @@
 
     python -m benchmarks.speed.routes --out out/routes.json          # ~20 min on 2 cores; run it alone
     python -m benchmarks.speed.routes --models embeddinggemma-300m --repeats 1 --out out/routes.json  # one model's rows
-    python -m benchmarks.speed.routes --report          # the README's tables: quality (below) and speed
+    python -m benchmarks.speed.routes --report   # docs/measurements/encoder-vs-decoder.md's tables: quality and speed
 
 --report also reads each model's quality results, made by benchmarks/training/singletask.py on the same tasks, the
 same held-out items and the same 100 training items per task for every model (`--tasks all --pool 100
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--report",
         action="store_true",
-        help="print the README's quality and speed tables from the results files, running nothing",
+        help="print docs/measurements/encoder-vs-decoder.md's quality and speed tables from the results files, running "
+        "nothing",
     )
     args = p.parse_args(argv)
     if args.report:

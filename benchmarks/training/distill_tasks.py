@@ -6,7 +6,7 @@ student a fast one; then the held-out reports side by side.
     python -m benchmarks.training.distill_tasks --teacher-model qwen2.5-coder-1.5b-instruct --model all-minilm-l6-v2 \\
         --out out/distill
     # the teacher: llama.cpp's server on the 1.5B GGUF (OpenAI-compatible), started here; the student
-    # EmbeddingGemma with a head (README "Distillation": the worked example)
+    # EmbeddingGemma with a head (docs/measurements/distillation.md: the worked example)
     python -m benchmarks.training.distill_tasks --llama-server --tasks language,emails --rows 240 \\
         --model embeddinggemma-300m --out out/distill-llamacpp
     python -m benchmarks.training.distill_tasks --llama-server --tasks lists --rows 180 \\
@@ -173,7 +173,7 @@ def time_teacher(args) -> None:
     warm-up row. With `--model`, the student the run trained (the task folder's readout) is timed on the same
     rows, row by row in turn with the teacher, so the speed-up is a ratio within one run: a run's own columns
     compare the student's pass with the teacher's journal, written minutes or hours earlier on a machine whose
-    speed moves between hours (README "Distillation")."""
+    speed moves between hours (docs/measurements/distillation.md)."""
     import statistics
     import time
 

@@ -1,6 +1,6 @@
 """The LoRA row of the readout experiment (benchmarks/training/readouts.py): same data, same splits, same scoring.
 
-A LoRA on the top layers of the default model plus a linear head (prefill/lora.py), distilled from the same
+A LoRA on the top layers of the default model plus a linear head (prefill/training/lora.py), distilled from the same
 teacher recordings, trained on the same training items of each split (the seen families' 80% item split
 of seed s) minus the family left out for choosing the epoch, and scored on the same held-out families and
 new items. Run benchmarks/training/readouts.py first (it caches the test features this reuses for the baselines).

@@ -230,7 +230,7 @@ def main() -> None:
 
 
 def table(result: dict) -> str:
-    """The README's tables, from readouts.json."""
+    """The tables of docs/measurements/trained-readouts.md, from readouts.json."""
     lines = [
         "| readout | split | accuracy | ECE (floor) | noul acc / ECE | choice acc / ECE | score acc / ECE |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -362,7 +362,7 @@ def curves(
 def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, int], path: Path) -> None:
     """Fit the served engine's temperatures (per question type; Platt for yes/no) on the training pools of
     all `tasks` together (never their held-out items) and save them as the model's calibration: how the
-    encoders' shipped calibrations were made (README "Encoder route vs decoder route")."""
+    encoders' shipped calibrations were made (docs/measurements/encoder-vs-decoder.md)."""
     import torch
 
     from prefill.api import Prefill
@@ -396,7 +396,7 @@ def write_calibration(out: Path, model: str, tasks: list[str], pools: dict[str, 
 
 
 def table(result: dict) -> str:
-    """The README's table: per task and size, accuracy and ECE averaged over draws."""
+    """The table of docs/measurements/single-task.md: per task and size, accuracy and ECE averaged over draws."""
     cols = ["engine", "engine+cal", "trained"]
     extra = [
         k

@@ -11,7 +11,7 @@ log P("fraud review<|im_end|>") is the probability that the model says exactly t
 options of any length, and options that share first tokens ("fraud" vs "fraud review"), are scored
 exactly. Reading only the first token instead ties such options (both start with "fraud"), and it was also
 worse where it does not tie; the chat template beat a plain prompt, so it is used whenever the tokenizer has
-one (README "Readout and prompt format", `python -m benchmarks.quality.readout`).
+one (docs/measurements/real-text.md, `python -m benchmarks.quality.readout`).
 
 Models whose layers ignore attention masks (recurrent or linear-attention hybrids), and sliding-window
 models whose context outruns the window, are run as rows instead: each (question, answer) is a row
@@ -47,7 +47,7 @@ class CausalLMBackend(HiddenStates, Backend):
     chunk_tokens=2048: every query in a chunk attends to the whole chunk (masked entries cost compute too), so
     smaller chunks waste less attention; but each chunk is a pass that streams every weight once, which costs
     more on a larger model and once the matrix products are fast: 2048 beat 512 on the SemIf request in bf16
-    and fp32, 1024 and 4096 were within a few percent (README "The CPU's matrix units", `python -m
+    and fp32, 1024 and 4096 were within a few percent (docs/measurements/cpu-precision.md, `python -m
     benchmarks.speed.fastpath --chunks`).
 
     The keys/values of recent states are kept (up to `state_cache_tokens` tokens in all, least recently used

@@ -1,13 +1,13 @@
 """The CPU fast paths: which precision the machine's matrix units want, linear layers whose weights oneDNN
 has laid out once for them, and int8 linear layers for CPUs without bf16 units.
 
-A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32 (README "The
-CPU's matrix units", `prefill bench --sections fast`). So `--dtype auto`, the
-default, is bf16 where the CPU reports either flag (a CPU without them emulates bf16 and gets slower, never
-faster). An x86 CPU without them (AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8
-through fbgemm faster than fp32, so there auto is int8 (`quantize_linears`: weights per output channel,
-activations per token, the LM head fp32), which brings the 1.5B model near what the 0.5B costs in fp32
-(README "Without bf16 units", `python -m benchmarks.speed.no_bf16`); fp32 where there are no int8 kernels.
+A CPU with AMX (amx_bf16) or AVX-512 bf16 multiplies bf16 matrices several times faster than fp32
+(docs/measurements/cpu-precision.md, `prefill bench --sections fast`). So `--dtype auto`, the default, is bf16 where
+the CPU reports either flag (a CPU without them emulates bf16 and gets slower, never faster). An x86 CPU without them
+(AVX2 only: AMD Zen 2 and 3, many Intel desktop parts) multiplies int8 through fbgemm faster than fp32, so there auto
+is int8 (`quantize_linears`: weights per output channel, activations per token, the LM head fp32), which brings the
+1.5B model near what the 0.5B costs in fp32 (docs/measurements/cpu-precision.md#without-bf16-units-int8, `python -m
+benchmarks.speed.no_bf16`); fp32 where there are no int8 kernels.
 
 `torch.nn.functional.linear` hands oneDNN the weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
@@ -20,7 +20,7 @@ Once the products are fast, fresh memory costs: glibc serves every allocation ov
 (128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
 and a pass allocates many such activations. Raising the threshold to 32 MB and keeping freed memory
 (`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment) took
-a measurable share off the SemIf request in bf16 (README "The CPU's matrix units").
+a measurable share off the SemIf request in bf16 (docs/measurements/cpu-precision.md).
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def _in_blocks(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor
 
 
 # `--exact` in bf16: the tree pass's products in blocks of this many rows (`fixed_rows`). 64, 128 and 224 all
-# give the same bits; 128 is near the cheapest of the three on both many questions and one (README "Precision").
+# give the same bits; 128 is near the cheapest of the three on both many questions and one
+# (docs/measurements/cpu-precision.md#precision).
 EXACT_ROWS = 128
 _FIXED_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("prefill_fixed_rows", default=0)
 
@@ -119,9 +120,10 @@ def make_exact(model, dtype: str) -> None:
     """`--exact` in bf16 on a CPU with bf16 units: a question's answer gets the same bits however it is
     packed or its request batched. Attention runs in float64 (`exact_attention`), each state in a pass of its own
     (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`fixed_rows`, `_in_blocks`).
-    Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them (README
-    "Precision"). It covers the packed tree pass, which every model that takes attention masks runs; models run
-    as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not covered."""
+    Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them
+    (docs/measurements/cpu-precision.md#precision). It covers the packed tree pass, which every model that takes
+    attention masks runs; models run as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not
+    covered."""
     if dtype != "bfloat16" or not can_pack(torch.bfloat16) or model.config._attn_implementation != "sdpa":
         raise ValueError(
             "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
@@ -198,8 +200,8 @@ def exact_attention(model) -> bool:
     set (the model attends through SDPA). Why: attention over a packed sequence blocks its keys otherwise than
     over the question alone, so its fp32 result differs in the last bits; a last-bit change that crosses an
     int8 rounding step grows through the layers, and answers moved with the questions packed beside them
-    (README "Without bf16 units" has the sizes). In float64 the last bits still differ, but rounded to fp32
-    they are the same bits but by the rarest chance, and the answers are as isolated as fp32's. At a
+    (docs/measurements/cpu-precision.md#without-bf16-units-int8 has the sizes). In float64 the last bits still differ,
+    but rounded to fp32 they are the same bits but by the rarest chance, and the answers are as isolated as fp32's. At a
     question's length attention is a small part of a pass, so it costs little (measured there too)."""
     from transformers import AttentionInterface
 
@@ -218,9 +220,9 @@ def states_run_alone(model) -> bool:
     (`CausalLMBackend.score_many`): yes under `exact_attention`. A state alone attends in fp32 (plain causal
     attention), states side by side in float64 (they need a mask), and the two differ in the last bits, which
     int8's rounding (and bf16's, under `make_exact`) grows: in int8, batched requests' answers moved by tenths
-    from the same requests asked one by one (README "Without bf16 units"). Alone, a state gets the same bits
-    however requests arrive; the tree pass that reads several states is masked, hence float64, hence the same
-    bits too."""
+    from the same requests asked one by one (docs/measurements/cpu-precision.md#without-bf16-units-int8). Alone, a
+    state gets the same bits however requests arrive; the tree pass that reads several states is masked, hence float64,
+    hence the same bits too."""
     return model.config._attn_implementation == EXACT_ATTENTION
 
 
@@ -262,7 +264,7 @@ def exact_logits(model, head_input: list[torch.Tensor]) -> Callable | None:
     error as the whole bf16 body adds to an answer. So `sum_logprobs` recomputes in fp32, from the head's
     input, the logits of the answer tokens and the row's largest ones (which make its normaliser); the
     rest of the vocabulary stays bf16: a top-k and a few dot products, where an fp32 head would cost
-    several times the bf16 one, for the same answers (README "The CPU's matrix units", measured by `python -m
+    several times the bf16 one, for the same answers (docs/measurements/cpu-precision.md, measured by `python -m
     benchmarks.speed.fastpath --micro` and `--precision`). Returns exact(rows (n,), tokens (n, k)) -> (n, k) fp32
     logits, or None."""
     if not head_input:

@@ -16,7 +16,7 @@ the training-free score is weak (at chance on the tasks measured); trained heads
 
 What trained heads read as the question's decision state (`features`): the mean over its whole sequence
 (question, options and text), not over the question's span. Measured on the ten-clinic routing of patients'
-reviews (README "Distillation"): a head learns the teacher's routing far better from it, since the
+reviews (docs/measurements/distillation.md): a head learns the teacher's routing far better from it, since the
 question's own tokens say little about the text below them.
 
 What the route guarantees, and how:

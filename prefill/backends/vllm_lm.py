@@ -20,7 +20,7 @@ tests/test_vllm.py with repeated requests and questions that share long prefixes
 
 Cost: each sequence recomputes its tail past its last full cached block (up to `block_size - 1` tokens, plus
 its last token), so the tokens run exceed the tree's, which reads every shared token once; `tokens_run`
-counts them (README "vLLM backend"). The nodes run in three waves (states, question prompts, answer
+counts them (docs/design.md#the-vllm-backend). The nodes run in three waves (states, question prompts, answer
 prefixes) because sequences scheduled in the same step cannot hit blocks that step is still computing.
 """
 

@@ -1,13 +1,14 @@
 """`prefill bench`: speed, measured as ratios in one run (same model, same machine, after warm-up, median
 of several runs). Benchmarks are not timed tests: CI runs `prefill bench --quick` on a tiny model to check
-that the harness works, and the README's numbers come from a full run of this command.
+that the harness works, and the numbers in docs/measurements/speed.md and cpu-precision.md come from a full run of this
+command.
 
 1. The SemIf protocol: 21 yes/no questions on one ~450-token state. prefill (one request) against
    generating all answers as one JSON object with the same weights (greedy `generate`, KV cache on; and
    llama.cpp's own server on the model's GGUF, when `llama-server` is installed: the `bench` extra), one
    pass per question (each re-reading the state), and one HTTP request per question to prefill itself; the
    matrix FLOP/s achieved against a bare bf16 `nn.Linear` timed in the same run, and where the time goes.
-   Section `fast` is the same without the per-question baselines (the README's dtype x model table).
+   Section `fast` is the same without the per-question baselines (docs/measurements/cpu-precision.md).
 2. Scaling: latency and peak memory against questions per request, state length and option count.
 3. Overhead: the engine against a bare model forward over the same number of tokens.
 4. HTTP: p50/p99 latency and throughput with concurrent clients on loopback (bounded count and time).

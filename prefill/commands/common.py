@@ -72,7 +72,7 @@ def build_prefill(settings: Settings, command: str, plan=None):
         print(
             f"prefill: {pf.name} is on the encoder route with no trained head, where answers are at chance (near "
             f"uniform: measured on twelve tasks); train one: prefill train DATA --model {pf.name} --out HEAD, "
-            "then --readout HEAD (README 'Encoder route vs decoder route')",
+            "then --readout HEAD (docs/measurements/encoder-vs-decoder.md)",
             file=sys.stderr,
         )
     return pf
@@ -107,7 +107,7 @@ def add_kind_argument(p, default: str, extra: tuple[str, ...] = (), more_help: s
         "--kind",
         default=default,
         choices=[*HEAD_KINDS, "auto", *extra],
-        help=f"the head (heads/head.py; default {default}): linear, pointer, mlp, classes (a weight vector per "
+        help=f"the head (prefill/heads.py; default {default}): linear, pointer, mlp, classes (a weight vector per "
         f"answer taught: for fixed questions), or auto: whichever of {', '.join(AUTO_HEAD_KINDS)} has the lowest "
         f"held-out log loss{more_help}",
     )

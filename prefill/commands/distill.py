@@ -1,5 +1,5 @@
 """prefill distill: a slow model that answers well teaches a fast prefill on the user's own unlabelled rows
-(prefill/heads/distill.py)."""
+(prefill/training/distill.py)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--batching",
         default="on",
         choices=["on", "off"],
-        help="cross-request batching (default on; README 'Serving under load' has the measurement)",
+        help="cross-request batching (default on; docs/measurements/serving-under-load.md has the measurement)",
     )
 
 

@@ -12,12 +12,12 @@ from ..settings import Settings
 from .common import add_kind_argument, build_prefill, labelled_items
 
 HELP = "train readout heads on the frozen model, distilled from a teacher (RLCD)"
-# Where a head on the encoder route may serve better, and where the numbers are: README "Encoder route vs
-# decoder route".
+# Where a head on the encoder route may serve better, and where the numbers are:
+# docs/measurements/encoder-vs-decoder.md.
 ENCODER_HINT = (
     "prefill train: for one or two questions on short texts, a head on the encoder route may be as "
     "accurate and faster: prefill train DATA --model embeddinggemma-300m (multilingual; `make encoders`) "
-    "or all-minilm-l6-v2 (English, fastest); README 'Encoder route vs decoder route' has the numbers"
+    "or all-minilm-l6-v2 (English, fastest); docs/measurements/encoder-vs-decoder.md has the numbers"
 )
 
 
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="weight of the RLCD term (default 0, cross-entropy only: the RL term did not help "
-        "consistently in the README's ablation)",
+        "consistently in the ablation in docs/measurements/trained-readouts.md)",
     )
     p.add_argument(
         "--early-layer",

