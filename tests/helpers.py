@@ -158,10 +158,6 @@ def head(kind: str, layer: int = 2, use_base: bool = True, seed: int = 0):
     return r.eval()
 
 
-# A newcomer's first choice question, and the real-data regression tests' language question.
-LANGUAGE = Choice("Which language is the message written in?", ["English", "French", "German"])
-
-
 # ---------------------------------------------------------------- the wire form
 
 NOUL = {"type": "noul", "instructions": "Is the customer asking for money back?"}

@@ -13,25 +13,12 @@ from pathlib import Path
 import pytest
 
 from prefill.bench.http import served
-from prefill.schema import Choice, Noul, Score
-
-from .helpers import LANGUAGE
+from prefill.bench.measure import BROKEN, NEWCOMER, THANKS, TICKET
+from prefill.bench.measure import TICKET_QUESTIONS as QUESTIONS
+from prefill.schema import Choice
 
 pytestmark = pytest.mark.default_model
 TOL = 1e-4
-TICKET = (
-    "Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
-    "still hasn't arrived. Please fix this today or I will dispute the charge with my bank."
-)
-QUESTIONS = {
-    "refund": Noul("Is the customer asking for money back?"),
-    "team": Choice(
-        "Which team should handle this ticket?",
-        {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"},
-    ),
-    "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
-    "kind": Choice("What kind of case is this?", ["fraud", "fraud review", "billing error"]),
-}
 
 
 def flat(a) -> list[float]:
@@ -104,13 +91,6 @@ def test_the_shipped_calibration_cannot_erase_signal(default_prefill):
 
 
 # ---------------------------------------------------------------- a newcomer's first questions
-
-NEWCOMER = {
-    **{k: QUESTIONS[k] for k in ("refund", "team", "anger")},
-    "language": LANGUAGE,
-}
-THANKS = "Thank you so much, the support team fixed my login issue in minutes. Great service!"
-BROKEN = "The package arrived broken and I want my money back."
 
 
 def test_a_newcomers_ticket_questions_are_answered_right(served_default):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from prefill.bench.measure import NEWCOMER
 from prefill.schema import Choice, Noul
 
-from .helpers import LANGUAGE
+LANGUAGE = NEWCOMER["language"]
 
 pytestmark = pytest.mark.default_model
 

@@ -202,7 +202,7 @@ def precision() -> None:
     """The default model's answers in bf16 against fp32 (the SemIf questions, a choice and a score, on the
     SemIf ticket and three short messages): with the LM head's logits read as bf16 gives them, and with the
     answer tokens' and largest logits recomputed in fp32 (the served path); then bf16 isolation on
-    tests/test_default_model.py's ticket (each question alone vs packed, reordered and renamed)."""
+    prefill/bench/measure.py's ticket (each question alone vs packed, reordered and renamed)."""
     from prefill import Choice, Prefill, Score
     from prefill.backends import causal_lm
     from prefill.bench.measure import STATE, nouls
@@ -239,7 +239,8 @@ def precision() -> None:
             f"{max(gaps):.3f}, top answer agrees {agree}/{len(gaps)}",
             flush=True,
         )
-    from tests.test_default_model import QUESTIONS, TICKET
+    from prefill.bench.measure import TICKET
+    from prefill.bench.measure import TICKET_QUESTIONS as QUESTIONS
 
     together = bf.ask(TICKET, QUESTIONS)
     items = list(QUESTIONS.items())[::-1]

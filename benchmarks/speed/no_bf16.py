@@ -29,10 +29,10 @@ import torch
 
 from prefill import Prefill
 from prefill.backends.cpu import to_int8
-from prefill.bench.measure import STATE, nouls
-from tests.test_default_model import BROKEN, NEWCOMER, QUESTIONS, THANKS, TICKET
+from prefill.bench.measure import BROKEN, NEWCOMER, STATE, THANKS, TICKET, nouls
+from prefill.bench.measure import TICKET_QUESTIONS as QUESTIONS
 
-MESSAGES = [  # what a newcomer tries first (tests/test_default_model.py), and three short sentences
+MESSAGES = [  # what a newcomer tries first (prefill/bench/measure.py), and three short sentences
     TICKET,
     BROKEN,
     THANKS,

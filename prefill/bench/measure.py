@@ -1,4 +1,5 @@
-"""The benchmark's request (the SemIf ticket and its 21 questions) and how it times things."""
+"""The benchmark's requests (the SemIf ticket and its 21 questions; a newcomer's ticket, messages and first questions)
+and how it times things. The lab (benchmarks/) and the tests ask these too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import time
 
 from ..api import Prefill
-from ..schema import Noul
+from ..schema import Choice, Noul, Score
 
 STATE = (
     "Ticket #88213 from Dana Whitfield (enterprise plan, customer since 2019, account in good standing). "
@@ -27,6 +28,28 @@ STATE = (
     "Previous interactions: two tickets in the past year, both resolved within a day; satisfaction rating 5/5. "
     "Account notes: enterprise SLA requires a first response within 4 business hours; assigned CSM is Tom Okafor."
 )
+
+# A newcomer's ticket and first questions (the tests' regression examples on the default model, the lab's
+# isolation checks).
+TICKET = (
+    "Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
+    "still hasn't arrived. Please fix this today or I will dispute the charge with my bank."
+)
+TICKET_QUESTIONS = {
+    "refund": Noul("Is the customer asking for money back?"),
+    "team": Choice(
+        "Which team should handle this ticket?",
+        {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"},
+    ),
+    "anger": Score("How frustrated is the customer?", ["Calm", "Frustrated", "Very angry"]),
+    "kind": Choice("What kind of case is this?", ["fraud", "fraud review", "billing error"]),
+}
+NEWCOMER = {
+    **{k: TICKET_QUESTIONS[k] for k in ("refund", "team", "anger")},
+    "language": Choice("Which language is the message written in?", ["English", "French", "German"]),
+}
+THANKS = "Thank you so much, the support team fixed my login issue in minutes. Great service!"
+BROKEN = "The package arrived broken and I want my money back."
 
 QUESTIONS = [
     "Is the customer asking for money back?",
