@@ -148,3 +148,27 @@ def test_the_code_cites_docs_pages_that_exist():
             cited.add((page, anchor))
     missing = [f"{p}#{a}" for p, a in cited if not (ROOT / p).is_file() or a and a not in anchors(ROOT / p)]
     assert cited and not missing and not stale, (missing, stale)
+
+
+@pytest.mark.default_model
+def test_the_answer_the_readme_shows_is_the_default_models(served_default):
+    """The README's numbers are what `make serve` answers to its curl request (bf16 here; an AVX2 CPU runs the
+    int8 model, whose answers may differ by a few hundredths: docs/models-and-precision.md)."""
+    from fastapi.testclient import TestClient
+
+    from prefill.serving.app import create_app
+
+    (curl,) = [block for block in code_blocks(README.read_text(), "sh") if block.startswith("curl")]
+    args = shlex.split(curl.replace("\\\n", " "))
+    with TestClient(create_app(served_default.engine)) as client:
+        got = client.post("/v1/systemone", json=json.loads(args[args.index("-d") + 1])).json()
+    for page in (README, ROOT / "docs" / "http-api.md"):
+        shown = next(json.loads(b) for b in code_blocks(page.read_text(), "json") if '"answers"' in b)
+        assert shown["usage"] == got["usage"] and shown["model"] == got["model"], page
+        for qid, answer in shown["answers"].items():
+            for key in ("noul", "score", "confidence"):
+                if key in answer:
+                    assert abs(answer[key] - got["answers"][qid][key]) <= 0.03, (page, qid, key)
+            for option, p in answer.get("probabilities", {}).items():
+                assert abs(p - got["answers"][qid]["probabilities"][option]) <= 0.03, (page, qid, option)
+            assert answer.get("choice") == got["answers"][qid].get("choice"), (page, qid)
