@@ -158,6 +158,15 @@ def answer_labels(q: AnyQuestion) -> list[str]:
     return [str(i) for i in range(len(q.criteria))]
 
 
+# What the API has and a text model cannot read: refused with an error of this type, which the server sends as a
+# 400 saying so (never an answer that ignores part of the request).
+UNSUPPORTED = "unsupported_input"
+NEEDS_IMAGES = (
+    "{what} need a vision-language model, and prefill serves text models: it reads the state and the "
+    "noul, choice and score questions as text, and cannot see an image"
+)
+
+
 class SystemOneRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # unknown top-level fields are ignored, as the API does
     model: str
@@ -165,6 +174,25 @@ class SystemOneRequest(BaseModel):
     questions: Annotated[dict[NonEmpty, Question], Field(min_length=1)]
     # prefill's extension (x_-prefixed, so the contract stays clean): "today" for date questions.
     x_reference_date: dt.date | None = None
+    # The API's image assets (placeholder -> image); declared so that a request with any is refused, not ignored.
+    assets: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _what_a_text_model_cannot_read(cls, data: Any) -> Any:
+        """Image assets and box questions ("where in the image"), refused with what they need."""
+        if not isinstance(data, dict):
+            return data
+        questions = data.get("questions") if isinstance(data.get("questions"), dict) else {}
+        boxes = [qid for qid, q in questions.items() if isinstance(q, dict) and q.get("type") == "box"]
+        if data.get("assets"):
+            raise PydanticCustomError(UNSUPPORTED, NEEDS_IMAGES.format(what="image assets"))
+        if boxes:
+            raise PydanticCustomError(
+                UNSUPPORTED,
+                NEEDS_IMAGES.format(what=f"box questions ({', '.join(map(repr, boxes))}: where in an image)"),
+            )
+        return data
 
     @field_validator("questions", mode="before")
     @classmethod

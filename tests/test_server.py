@@ -82,7 +82,6 @@ def test_models_and_health(client):
         body({}),  # no questions
         body({"r": {"instructions": "x"}}),  # no type
         body({"r": {"type": "boolean", "instructions": "x"}}),  # unknown type
-        body({"r": {"type": "box"}}),  # not served
         body({"t": {"type": "choice", "criteria": {"only": None}}}),  # 1 option
         body({"t": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}),  # 256 options
         body({"t": {"type": "choice", "criteria": {"": None, "b": None}}}),  # empty option name
@@ -249,3 +248,65 @@ def test_concurrent_requests_are_all_answered(client):
         t = r.json()["answers"]["t"]
         assert t["choice"] == first["choice"]
         assert all(abs(t["probabilities"][k] - p) <= 1e-4 for k, p in first["probabilities"].items())
+
+
+# ---------------------------------------------------------------- what a text model cannot read; request ids
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000")  # a PNG's signature and header
+
+
+@pytest.fixture
+def served(engine):
+    from prefill.bench.http import in_thread
+
+    with in_thread(create_app(engine)) as url:
+        yield url
+
+
+def test_the_official_sdk_sending_an_image_gets_a_400_that_says_why(served):
+    """The SDK sends image assets as multipart parts (its own request builders), and a box question as any other:
+    each is refused with a 400 saying a text model cannot read images, never answered about the placeholder text."""
+    from typesafe_sdk import Box, Image, Noul, TypeSafeBadRequestError, TypeSafeClient
+
+    image = Image(PNG)
+    asks = [
+        dict(state=image, questions={"q": Noul(instructions="Is it a cat?")}),  # placed as the state
+        dict(state="A photo.", questions={"q": Noul(instructions="Is it a cat?")}, assets={"photo": image}),
+        dict(state="A photo.", questions={"where": Box(instructions="The cat")}),
+    ]
+    with TypeSafeClient(api_key="unused", base_url=served, timeout=60) as client:
+        for ask in asks:
+            with pytest.raises(TypeSafeBadRequestError) as refused:
+                client.system_one(model="jev-latest", **ask)
+            assert "vision-language model" in str(refused.value) and "cannot see an image" in str(refused.value)
+            assert refused.value.request_id.startswith("req_")  # the SDK reads it into its error
+
+
+def test_image_assets_in_a_json_body_are_refused_not_ignored(client):
+    data = body({"r": NOUL}, assets={"<image:1>": {"type": "image", "format": "png", "data_base64": "iVBORw0KGgo="}})
+    r = client.post("/v1/systemone", json=data)
+    assert r.status_code == 400 and "image assets need a vision-language model" in r.json()["detail"]["message"]
+    assert client.post("/v1/systemone", json=body({"r": NOUL}, assets={})).status_code == 200  # none is fine
+
+
+def test_a_box_question_is_refused_by_name(client):
+    r = client.post("/v1/systemone", json=body({"r": NOUL, "where": {"type": "box", "instructions": "the cat"}}))
+    assert r.status_code == 400 and "'where'" in r.json()["detail"]["message"]
+
+
+def test_every_response_carries_a_request_id_and_the_log_names_it(client, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="prefill.serving"):
+        responses = [
+            client.post("/v1/systemone", json=body({"r": NOUL})),  # an answer
+            client.post("/v1/systemone", json=body({"r": {"type": "noul", "criteria": {"x": 1}}})),  # 422
+            client.post("/v1/systemone", json=body({"r": NOUL}, model="nope")),  # 404
+            client.get("/health"),
+            client.get("/nowhere"),
+        ]
+    ids = [r.headers["x-typesafe-request-id"] for r in responses]
+    assert [r.status_code for r in responses] == [200, 422, 404, 200, 404]
+    assert len(set(ids)) == len(ids) and all(i.startswith("req_") for i in ids)
+    for rid, r in zip(ids, responses):
+        assert any(rid in m and str(r.status_code) in m for m in caplog.messages), rid

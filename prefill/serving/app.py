@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends.base import ReadoutUnsupported
 from ..engine import Engine, EngineRequest, RequestTooLarge
 from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
+from .errors import ERROR_HANDLERS, ApiError
+from .middleware import DecodeBody, RequestIds
 from .scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_QUEUE,
@@ -43,16 +41,6 @@ from .telemetry import PROMETHEUS_TEXT, CountRequests, Telemetry
 log = logging.getLogger("prefill.serving")
 ALIASES = ("jev-latest", "jev-preview")
 MAX_BODY_BYTES = 32 * 1024 * 1024
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.error_type, self.message, self.headers = status, error_type, message, headers
-
-
-def _error(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": {"error_type": error_type, "message": message}}, status, headers=headers)
 
 
 @dataclass
@@ -143,8 +131,9 @@ def create_app(
     app.include_router(router)
     for error, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(error, handler)
-    app.add_middleware(_DecodeBody, max_bytes=max_body_bytes)
+    app.add_middleware(DecodeBody, max_bytes=max_body_bytes)
     app.add_middleware(CountRequests, telemetry=telemetry)
+    app.add_middleware(RequestIds)  # outermost: every response, errors from the layers below included
     return app
 
 
@@ -279,40 +268,6 @@ async def _outcome(job: Job, request: Request, scheduler: Scheduler):
         gone.cancel()
 
 
-# ---------------------------------------------------------------- errors, in TypeSafe's shapes
-
-
-async def _api_error(_: Request, exc: ApiError):
-    return _error(exc.status, exc.error_type, exc.message, exc.headers)
-
-
-async def _http_error(_: Request, exc: StarletteHTTPException):
-    kinds = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
-    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return _error(exc.status_code, kinds.get(exc.status_code, "invalid_request_error"), message, exc.headers)
-
-
-async def _validation_error(_: Request, exc: RequestValidationError):
-    detail = [
-        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-        for err in exc.errors()
-    ]
-    return JSONResponse({"detail": detail}, 422)
-
-
-async def _internal_error(_: Request, exc: Exception):
-    log.exception("internal error", exc_info=exc)
-    return _error(500, "internal_error", "internal error; the server log has the details")
-
-
-ERROR_HANDLERS = {
-    ApiError: _api_error,
-    StarletteHTTPException: _http_error,
-    RequestValidationError: _validation_error,
-    Exception: _internal_error,
-}
-
-
 class _ClientGone(Exception):
     pass
 
@@ -321,91 +276,3 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client has closed the connection (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-class _DecodeBody:
-    """Request bodies sent with Content-Encoding zstd (the official SDK's default when zstd is
-    available), gzip or deflate are decompressed; an unknown encoding is a 415, an oversized body a 413."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-        if encoding in ("", "identity") and not _too_long(headers, self.max_bytes):
-            return await self.app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await _respond(send, 413, "request_too_large", f"the body is over {self.max_bytes} bytes")
-        try:
-            body = _decompress(encoding, body, self.max_bytes)
-        except LookupError:
-            return await _respond(
-                send,
-                415,
-                "unsupported_media_type",
-                f"Content-Encoding {encoding!r} is not supported (zstd, gzip, deflate are)",
-            )
-        except OverflowError:
-            return await _respond(send, 413, "request_too_large", f"the decoded body is over {self.max_bytes} bytes")
-        except Exception:  # noqa: BLE001 — a corrupt stream is the client's error
-            return await _respond(send, 400, "invalid_request_error", f"the body is not valid {encoding} data")
-        new_headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
-        new_headers.append((b"content-length", str(len(body)).encode()))
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        return await self.app({**scope, "headers": new_headers}, replay, send)
-
-
-def _too_long(headers: dict, max_bytes: int) -> bool:
-    try:
-        return int(headers.get(b"content-length", b"0")) > max_bytes
-    except ValueError:
-        return True
-
-
-def _decompress(encoding: str, body: bytes, limit: int) -> bytes:
-    if encoding in ("", "identity"):
-        return body
-    if encoding == "zstd":
-        try:
-            from compression import zstd  # Python 3.14+
-        except ImportError:
-            from backports import zstd
-        out = zstd.ZstdDecompressor().decompress(body, max_length=limit + 1)
-    elif encoding in ("gzip", "x-gzip"):
-        out = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(body, limit + 1)
-    elif encoding == "deflate":
-        out = zlib.decompressobj().decompress(body, limit + 1)
-    else:
-        raise LookupError(encoding)
-    if len(out) > limit:
-        raise OverflowError
-    return out
-
-
-async def _respond(send, status: int, error_type: str, message: str) -> None:
-    raw = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": raw})

@@ -86,12 +86,13 @@ class Ingress:
         self.replicas, self.count = replicas, count
 
     async def __call__(self, request: Request) -> Response:
+        from .middleware import REQUEST_ID_HEADER, new_request_id
+
         if request.url.path == "/health":
             running = _running_replicas()
             if running < self.count:
-                return JSONResponse(
-                    {"status": "loading", "replicas": running, "of": self.count}, 503, headers={"Retry-After": "2"}
-                )
+                headers = {"Retry-After": "2", REQUEST_ID_HEADER: new_request_id()}
+                return JSONResponse({"status": "loading", "replicas": running, "of": self.count}, 503, headers=headers)
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         call = (request.method, request.url.path, request.url.query, headers, body)
@@ -102,6 +103,8 @@ class Ingress:
                 return Response(content, status, headers=dict(out))
             except Exception as e:  # noqa: BLE001 — a replica that died: once more, elsewhere
                 log.warning("replica failed (attempt %d): %s: %s", attempt, type(e).__name__, e)
+        rid = new_request_id()  # the replicas' own responses carry theirs; this one is the ingress's
+        log.warning("%s %s %s 503: the replica failed twice", rid, request.method, request.url.path)
         return JSONResponse(
             {
                 "detail": {
@@ -110,7 +113,7 @@ class Ingress:
                 }
             },
             503,
-            headers={"Retry-After": "2"},
+            headers={"Retry-After": "2", REQUEST_ID_HEADER: rid},
         )
 
 
@@ -124,7 +127,7 @@ def _running_replicas() -> int:
 
 def affinity(body: bytes, encoding: str) -> str:
     """The hash of the request's state, or "" when the body is not a readable request."""
-    from .app import _decompress
+    from .middleware import _decompress
 
     try:
         state = json.loads(_decompress(encoding.strip().lower(), body, 64 * 1024 * 1024))["state"]
