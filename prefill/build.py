@@ -59,8 +59,8 @@ def check(settings: Settings, encoder: bool | None = None) -> None:
             raise ValueError("the encoder route runs on the torch backend only")
         if settings.readouts:
             raise ReadoutUnsupported(f"--readout with --backend vllm: {NO_READOUTS}")
-    if settings.exact and (encoder or settings.backend == "vllm"):
-        raise ValueError("--exact is the decoder route's CPU path on the torch backend")
+    if settings.exact is True and (encoder or settings.backend == "vllm"):
+        raise ValueError("--exact on is the decoder route's CPU path on the torch backend (auto: where it applies)")
 
 
 def plan(settings: Settings) -> Plan:
@@ -137,14 +137,25 @@ def _construct(settings: Settings, plan: Plan) -> Backend:
     from .backends.causal_lm import CausalLMBackend
 
     hf_model, tokenizer = load_causal_lm(source, dtype)
-    exact = settings.exact and dtype not in ("float32", "int8")  # int8 is exact always, fp32 the reference
+    exact = exactness(settings.exact, dtype)
     if exact:
         from .backends.cpu import make_exact
 
         make_exact(hf_model, dtype)
     made = CausalLMBackend(hf_model, tokenizer, source.name, packing=settings.packing, **prompt)
-    made.exact = exact
+    made.exact, made.plain = exact, dtype == "bfloat16" and not exact
     return made
+
+
+def exactness(asked: bool | None, dtype: str) -> bool:
+    """Whether bf16 is made exact (backends/cpu.py `make_exact`): by default wherever the CPU has bf16 units,
+    asked for (`--exact on`) even where it is refused, never with `--exact off`. int8 is exact always and fp32 is
+    the reference: neither has anything to add."""
+    from .precision import has_bf16_units
+
+    if asked is False or dtype in ("float32", "int8"):
+        return False
+    return asked is True or dtype == "bfloat16" and has_bf16_units()
 
 
 def readout(backend: Backend, path: str | Path) -> Heads:

@@ -35,6 +35,11 @@ def on_off(value: str) -> bool:
     return value == "on"
 
 
+def auto_on_off(value: str | bool | None) -> bool | None:
+    """A switch with a default that depends on where it runs: "auto" (None), "on" (True), "off" (False)."""
+    return {"auto": None, "on": True, "off": False}[value] if isinstance(value, str) else value
+
+
 def readout_options(values: list[str]) -> tuple[tuple[str | None, str], ...]:
     """--readout [NAME=]DIR values as (name or None, path)."""
     out = []
@@ -81,15 +86,19 @@ class Settings:
             choices=DTYPES,
         ),
     )
-    exact: bool = field(
-        default=False,
+    exact: bool | None = field(
+        default=None,
         metadata=flag(
             "--exact",
-            "bf16 on a CPU: every answer the same bits however its question is packed or its request batched "
-            "(products in fixed blocks of rows, attention in float64), at about 1.5x the time of a many-question "
-            "request; without it bf16 answers move by up to a few hundredths. int8 is exact always, fp32 within 1e-6 "
-            "(docs/measurements/cpu-precision.md#precision)",
-            action="store_true",
+            "auto (the default): a question's answer is the same bits however it is packed with other questions "
+            "or its request batched with others, wherever the torch decoder route runs on a CPU (bf16: the split "
+            "attention and products in calls the kernel is exact on; int8 always); on: the same, refused where it "
+            "cannot be had (vLLM, the encoder route); off: plain bf16, faster, its answers moving by up to a few "
+            "hundredths with what is asked beside them (docs/models-and-precision.md#exact-answers)",
+            choices=["auto", "on", "off"],
+            nargs="?",
+            const="on",
+            parse=auto_on_off,
         ),
     )
     route: str = field(
@@ -273,6 +282,12 @@ class Settings:
                     object.__setattr__(self, f.name, on_off(value))
                 elif not isinstance(value, bool):
                     raise ValueError(f"{f.name} is True or False (on/off on the command line), not {value!r}")
+            elif meta["parse"] is auto_on_off:
+                if value not in (None, True, False, "auto", "on", "off"):
+                    raise ValueError(
+                        f"{f.name} is None, True or False (auto/on/off on the command line), not {value!r}"
+                    )
+                object.__setattr__(self, f.name, auto_on_off(value))
             elif value is not None and value not in meta["argparse"].get("choices", (value,)):
                 raise ValueError(f"{f.name} must be one of {', '.join(meta['argparse']['choices'])}, not {value!r}")
         if self.calibration == "none":
@@ -312,4 +327,6 @@ def _flag_default(f: dataclasses.Field):
     """The flag's default as typed on a command line ("on"/"off" for a bool, "none" for no calibration)."""
     if f.metadata["parse"] is on_off:
         return "on" if f.default else "off"
+    if f.metadata["parse"] is auto_on_off:
+        return {None: "auto", True: "on", False: "off"}[f.default]
     return f.default

@@ -6,6 +6,8 @@ documented bf16 tolerance, and in int8 to fp32's."""
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import subprocess
 import sys
 import types
@@ -260,13 +262,14 @@ def batched_vs_alone(model, tokenizer) -> float:
 
 
 def test_int8_batched_requests_get_the_bits_they_get_alone(tiny_model, tokenizer, monkeypatch):
-    """Requests batched into shared passes get exactly the answers they get one by one, in int8 as loaded:
-    each state runs alone (`states_run_alone`). Run side by side, as they are in fp32, the states' keys and
-    values differ in the last bits and the answers move (checked below)."""
+    """Requests batched into shared passes get exactly the answers they get one by one, in int8 as loaded: each
+    state runs alone (`states_run_alone`), and the tree pass that reads them attends through the split attention
+    (backends/exact.py). With plain attention over the packed tree instead, the answers move (checked below)."""
     model = copy.deepcopy(tiny_model)
     cpu.to_int8(model)
     assert batched_vs_alone(model, tokenizer) == 0.0
-    monkeypatch.setattr("prefill.backends.causal_lm.states_run_alone", lambda model: False)
+    monkeypatch.setattr("prefill.backends.exact.split_attention", lambda model: False)
+    monkeypatch.setattr(model.config, "_attn_implementation", "sdpa")
     assert batched_vs_alone(model, tokenizer) > 1e-8
 
 
@@ -282,22 +285,38 @@ def test_bf16_exact_gives_the_same_bits_packed_batched_or_alone(tiny_model, toke
 
 
 @needs_bf16_units
-def test_products_in_fixed_blocks_give_a_row_the_same_bits_in_any_pass():
-    """`--exact`'s products: a row's output in a pass of 23 rows and in one of 400, bit for bit (plain oneDNN
-    products choose their kernel by the row count, and with it the order of a row's sums)."""
+def test_products_in_the_probed_calls_give_a_row_the_same_bits_in_any_pass(tmp_path, monkeypatch):
+    """Exact bf16's products: a row's output in passes of 23, 100 and 400 rows, bit for bit, in the calls the
+    probe found this CPU's kernel consistent on (plain oneDNN products choose their kernel by the row count, and
+    with it the order of a row's sums: seen on the Xeon with AMX). The probe's findings are kept per machine."""
+    from prefill.backends import rowblocks
+
+    monkeypatch.setenv("PREFILL_CACHE", str(tmp_path))
     torch.manual_seed(0)
     layer = torch.nn.Linear(512, 1024, bias=False).to(torch.bfloat16)
     cpu.pack_linears(layer)
-    x = torch.randn(400, 512, dtype=torch.bfloat16)
+    product = functools.partial(cpu._packed_product, packed=layer._packed)
     with torch.inference_mode():
-        short, long = (cpu._in_blocks(x[:n], layer._packed, cpu.EXACT_ROWS) for n in (23, 400))
-        assert torch.equal(short, long[:23])
-        assert torch.equal(long[:128], cpu._packed_product(x[:128], layer._packed))  # a whole block: as plain
+        (policy,) = rowblocks.policies({(512, 1024): product}, torch.bfloat16, 512).values()
+        assert policy.most % policy.block == 0 and policy.block in rowblocks.CANDIDATES
+        assert json.loads((tmp_path / "rowblocks.json").read_text())  # kept: the next load reads it
+        x = torch.randn(400, 512, dtype=torch.bfloat16)
+        short, middle, long = (rowblocks.multiply(x[:n], product, policy) for n in (23, 100, 400))
+        assert torch.equal(short, long[:23]) and torch.equal(middle, long[:100])
+        assert torch.equal(long[:5], product(torch.cat([x[:5], x.new_zeros(policy.block - 5, 512)]))[:5])
+
+
+def test_a_row_policy_pads_to_its_block_and_calls_at_most_its_most():
+    from prefill.backends.rowblocks import RowPolicy
+
+    policy = RowPolicy(48, 96)
+    assert policy.calls(1) == [48] and policy.calls(48) == [48] and policy.calls(49) == [96]
+    assert policy.calls(200) == [96, 96, 48] and sum(policy.calls(1000)) == 1008
 
 
 def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
-    """`--exact` is bf16's on a CPU (int8 is exact always, fp32 the reference: there it changes nothing); vLLM and
-    the encoder route refuse it."""
+    """`--exact` is bf16's on a CPU (int8 is exact always, fp32 the reference: there it changes nothing), on by
+    default there; vLLM and the encoder route refuse `--exact on`."""
     from prefill.api import Prefill
 
     from .helpers import make_model
@@ -313,10 +332,14 @@ def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):
         Prefill(str(tmp_path), dtype="float32", exact=True, route="encoder")
     with pytest.raises(ValueError, match="--exact is for bf16"):
         cpu.make_exact(make_model("qwen2", len(tokenizer)), "float16")
-    if precision.has_bf16_units():  # what `--dtype bfloat16 --exact` loads
-        backend = Prefill(str(tmp_path), dtype="bfloat16", exact=True).backend
-        assert cpu.states_run_alone(backend.model) and backend.model._prefill_exact_rows == cpu.EXACT_ROWS
-        assert backend.description.endswith("(causal LM, one prefill pass, bfloat16, --exact)")
+    if precision.has_bf16_units():  # what `--dtype bfloat16` loads: exact by default, plain when asked
+        backend = Prefill(str(tmp_path), dtype="bfloat16").backend
+        assert cpu.states_run_alone(backend.model) and backend.model._prefill_exact_rows is True
+        assert all(hasattr(m, "_rows") for m in backend.model.modules() if hasattr(m, "_packed"))
+        assert backend.description.endswith("(causal LM, one prefill pass, bfloat16, exact)")
+        plain = Prefill(str(tmp_path), dtype="bfloat16", exact=False).backend
+        assert not cpu.states_run_alone(plain.model) and plain.model.config._attn_implementation == "sdpa"
+        assert plain.description.endswith("(causal LM, one prefill pass, bfloat16, plain)")
 
 
 def test_float64_attention_gives_a_question_the_same_bits_packed_or_alone():
@@ -362,7 +385,7 @@ def test_int8_is_loaded_for_the_decoder_only(tmp_path, tokenizer):
     model, _ = load(resolve(str(tmp_path)), "int8")
     assert model.dtype == torch.float32 and not hasattr(model.get_output_embeddings(), "_int8")
     assert all(hasattr(m, "_int8") for m in model.get_decoder().modules() if type(m) is torch.nn.Linear)
-    assert model.config._attn_implementation == "prefill-float64-sdpa"  # exact_attention
+    assert model.config._attn_implementation in ("prefill-split-sdpa", "prefill-float64-sdpa")  # isolated
     with pytest.raises(ValueError, match="int8"):
         Prefill(str(tmp_path), dtype="int8", backend="vllm")
     with pytest.raises(ValueError, match="int8"):

@@ -253,46 +253,58 @@ def precision() -> None:
     print(f"bf16 isolation on the test ticket: largest |dp| alone vs packed / reordered / renamed {worst:.4f}")
 
 
-def exact(model: str, repeats: int = 3) -> None:
-    """`--exact` against plain bf16 on one model, in one run: each half alone and both (attention in float64,
-    products in fixed blocks of rows): the largest |dp| of a question packed with others vs alone, of batched
-    requests vs one by one, and the SemIf request's seconds (21 questions, 1), alternated twice."""
+def exact(model: str, repeats: int = 3, rounds: int = 2) -> None:
+    """Exact isolation against plain bf16 on one model, in one run: the split attention and the row policy (calls
+    of the row counts the kernel is exact on, probed) each alone and together (what `--exact auto` runs in bf16),
+    and the earlier --exact (float64 attention, fixed blocks of 128 rows): the largest |dp| of a question packed
+    with others vs alone and of batched requests vs one by one, then the SemIf request's seconds (21 questions,
+    1), every mode in every round."""
     from benchmarks.speed.no_bf16 import batched_vs_one_by_one, isolation, seconds
     from prefill import Prefill
-    from prefill.backends import cpu
+    from prefill.backends import cpu, exact
+    from prefill.backends.rowblocks import RowPolicy
     from prefill.bench.measure import STATE, nouls
 
-    pf = Prefill(model, dtype="bfloat16", calibration=None)
+    pf = Prefill(model, dtype="bfloat16", exact="on", calibration=None)
     net, config = pf.backend.model, pf.backend.model.config
-    cpu.make_exact(net, "bfloat16")
-    modes = {
-        "plain bf16": ("sdpa", 0),
-        "float64 attention only": (cpu.EXACT_ATTENTION, 0),
-        "fixed blocks of rows only": ("sdpa", cpu.EXACT_ROWS),
-        "--exact (both)": (cpu.EXACT_ATTENTION, cpu.EXACT_ROWS),
-        "--exact, blocks of 64": (cpu.EXACT_ATTENTION, 64),
-        "--exact, blocks of 224": (cpu.EXACT_ATTENTION, 224),
+    layers = [m for m in net.modules() if hasattr(m, "_rows")]
+    probed = {id(m): m._rows for m in layers}
+    print("row policies:", sorted({(m.in_features, m.out_features, m._rows) for m in layers}), flush=True)
+    config._attn_implementation = "sdpa"
+    assert cpu.exact_attention(net), "float64 attention (the earlier --exact's) needs SDPA"
+    config._attn_implementation = "sdpa"
+    assert exact.register(net), "the split attention needs SDPA"
+    split, blocks = exact.SPLIT_ATTENTION, RowPolicy(128, 128)
+    modes = {  # attention, rows (None: plain products)
+        "plain bf16": ("sdpa", None),
+        "split attention only": (split, None),
+        "row policy only": ("sdpa", "probed"),
+        "exact: split attention, row policy": (split, "probed"),
+        "split attention, fixed blocks of 128 rows": (split, blocks),
+        "float64 attention, fixed blocks of 128 (the earlier --exact)": (cpu.EXACT_ATTENTION, blocks),
     }
-    shape, differ = rows_that_differ(net)
-    print(f"the decoder's largest projection, {shape}: row counts giving other bits than 2,100 rows: {differ}")
 
     def use(mode: str) -> None:
-        config._attn_implementation, net._prefill_exact_rows = modes[mode]
+        config._attn_implementation, rows = modes[mode]
+        net._prefill_exact_rows = rows is not None
+        for m in layers:
+            m._rows = probed[id(m)] if rows == "probed" else rows or probed[id(m)]
         pf.backend.forget_states()
         pf.engine.forget_priors()
 
-    for mode in modes:
+    for i, mode in enumerate(modes, 1):
         use(mode)
         gaps = f"packed vs alone {isolation(pf):.2e}, batched vs one by one {batched_vs_one_by_one(pf):.2e}"
-        print(f"{mode}: {gaps}", flush=True)
-    for mode in [*modes] * 2:
-        use(mode)
-        pf.engine.ask(STATE, nouls(2))  # the priors, once
-        print(
-            f"{mode}: SemIf 21 questions {seconds(pf, nouls(21), repeats):.3f} s, "
-            f"1 question {seconds(pf, nouls(1), repeats):.3f} s",
-            flush=True,
-        )
+        print(f"[{i}/{len(modes)}] {mode}: {gaps}", flush=True)
+    for r in range(rounds):
+        for mode in modes:
+            use(mode)
+            pf.engine.ask(STATE, nouls(2))  # the priors, once
+            print(
+                f"round {r + 1}/{rounds}, {mode}: SemIf 21 questions {seconds(pf, nouls(21), repeats):.3f} s, "
+                f"1 question {seconds(pf, nouls(1), repeats):.3f} s",
+                flush=True,
+            )
 
 
 def profile(model: str, top: int = 12) -> None:

@@ -47,6 +47,7 @@ class Backend:
     max_context: int  # longest state + question + answer the model can position
     precision = "float32"  # what the weights run in: "float32", "bfloat16" or "int8" (set by the factory)
     exact = False  # bf16 made bit-exact however a question is packed or batched (--exact, cpu.make_exact)
+    plain = False  # bf16 left plain (--exact off): answers move by up to a few hundredths with their neighbours
     route = "decoder"
     batches = False
     reads_features = False
@@ -63,7 +64,8 @@ class Backend:
     @property
     def description(self) -> str:
         """What /v1/models and `prefill serve` say it is: the model, how it answers, in what precision."""
-        return f"{self.name} ({self.answers_by}, {self.precision}{', --exact' if self.exact else ''})"
+        mode = ", exact" if self.exact else ", plain" if self.plain else ""
+        return f"{self.name} ({self.answers_by}, {self.precision}{mode})"
 
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
         """Log-likelihood of each answer's whole token sequence given the state and its question."""

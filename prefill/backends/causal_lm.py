@@ -28,8 +28,9 @@ import torch
 from transformers import DynamicCache
 
 from ..render import Branches, Renderer
+from . import weights
 from .base import Backend
-from .cpu import exact_logits, fixed_rows, head_input, pack_linears, states_run_alone
+from .cpu import exact_logits, head_input, isolated, pack_linears, states_run_alone
 from .hidden import HiddenStates
 from .rows import score_rows
 from .states import StateCache, block_diagonal_mask, concat, cut
@@ -91,6 +92,7 @@ class CausalLMBackend(HiddenStates, Backend):
         self.seconds = {"state pass": 0.0, "tree pass": 0.0, "answer log-probabilities": 0.0}  # where time goes
         self._all_layers = list(model.get_decoder().layers)
         self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
+        self.released_bytes = weights.release(self.model)  # one copy of each weight: backends/weights.py
 
     @property
     def state_hits(self) -> int:  # states found in the cache
@@ -175,6 +177,7 @@ class CausalLMBackend(HiddenStates, Backend):
             return
         from peft import PeftModel
 
+        weights.restore(self.model)  # the plain weights, to merge into (they stay: the files no longer hold them)
         self.model = PeftModel.from_pretrained(self.model, str(path)).merge_and_unload().eval()
         self.adapter = Path(path)
         self._all_layers = list(self.model.get_decoder().layers)
@@ -246,7 +249,11 @@ class CausalLMBackend(HiddenStates, Backend):
             else {"input_ids": torch.tensor([tree.ids], device=self.device)}
         )
         started = time.perf_counter()
-        with self._outputs(layers) as captured, head_input(self.model, self.dtype) as head, fixed_rows(self.model):
+        with (
+            self._outputs(layers) as captured,
+            head_input(self.model, self.dtype) as head,
+            isolated(self.model, tree, n_state, spans),
+        ):
             out = self.model(
                 **inputs,
                 position_ids=torch.tensor([tree.positions], device=self.device),

@@ -13,20 +13,22 @@ benchmarks.speed.no_bf16`); fp32 where there are no int8 kernels.
 blocked layout on every call. Reordering once (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's
 CPU freezing does) and calling `_linear_pointwise` gives bit-identical outputs, faster at every row count
 tried, with the row hint 64 best (`python -m benchmarks.speed.fastpath --micro`). The packed copy doubles the
-memory of the linear weights (a bf16 model with packed linears takes what the fp32 model took). Only
-inference is packed: with gradients on (LoRA training) the layer runs as before.
+memory of the linear weights, so serving drops the plain ones (backends/weights.py). Only inference is packed:
+with gradients on (LoRA training) the layer runs from its plain weight, read back for it.
 
 Once the products are fast, fresh memory costs: glibc serves every allocation over its mmap threshold
 (128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
-and a pass allocates many such activations. Raising the threshold to 32 MB and keeping freed memory
-(`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment) took
-a measurable share off the SemIf request in bf16 (docs/measurements/cpu-precision.md).
+and a pass allocates many such activations. Raising the threshold to 32 MB and keeping up to 256 MB of freed
+memory for the next pass (`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the
+environment) took a measurable share off the SemIf request in bf16 (docs/measurements/cpu-precision.md); kept to
+256 MB (it was 1 GB), a burst's memory goes back to the system after it (docs/measurements/serving-under-load.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import types
 from collections.abc import Callable, Iterator
 
@@ -62,12 +64,35 @@ def pack_linears(model: torch.nn.Module) -> int:
                 module._packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
             module.forward = types.MethodType(_packed_forward, module)
             count += 1
+    if count and getattr(model, "_prefill_exact_rows", False):
+        row_policies(model)
     return count
 
 
+def row_policies(model) -> None:
+    """`--exact` in bf16: each packed layer's row policy (backends/rowblocks.py), probed once per shape on this
+    machine: the decoder's layers for passes of up to a chunk's tokens, the LM head for up to 512 rows read."""
+    from . import rowblocks
+
+    head = model.get_output_embeddings()
+    layers = [m for m in model.modules() if hasattr(m, "_packed")]
+    shapes = {}
+    for m in layers:
+        product = functools.partial(_packed_product, packed=m._packed)
+        shapes.setdefault((m is head, m.in_features, m.out_features), product)
+    found = {}
+    for is_head in (False, True):
+        mine = {(i, o): f for (h, i, o), f in shapes.items() if h == is_head}
+        if mine:
+            most = EXACT_HEAD_ROWS if is_head else EXACT_PASS_ROWS
+            found.update({(is_head, *k): v for k, v in rowblocks.policies(mine, torch.bfloat16, most).items()})
+    for m in layers:
+        m._rows = found[(m is head, m.in_features, m.out_features)]
+
+
 def tune_allocator() -> bool:
-    """glibc: serve allocations up to 32 MB from the heap and keep up to 1 GB freed there (see the module
-    docstring); process-wide, once, only where the C library is glibc. Returns whether it was applied."""
+    """glibc: serve allocations up to 32 MB from the heap and keep up to KEEP_FREED bytes freed there (see the
+    module docstring); process-wide, once, only where the C library is glibc. Returns whether it was applied."""
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED is None:
         try:
@@ -76,7 +101,7 @@ def tune_allocator() -> bool:
             libc = ctypes.CDLL("libc.so.6")
             M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
             _ALLOCATOR_TUNED = bool(
-                libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+                libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
             )
         except (OSError, AttributeError):
             _ALLOCATOR_TUNED = False
@@ -84,42 +109,37 @@ def tune_allocator() -> bool:
 
 
 _ALLOCATOR_TUNED: bool | None = None
+KEEP_FREED = 256 << 20  # a 21-question pass's activations on the 1.5B fit in it
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() or x.dtype != self._packed.dtype or x.device.type != "cpu":
         return torch.nn.functional.linear(x, self.weight, self.bias)
-    rows = _FIXED_ROWS.get()
-    out = _in_blocks(x, self._packed, rows) if rows else _packed_product(x, self._packed)
+    if _FIXED_ROWS.get() and hasattr(self, "_rows"):  # a tree pass, exact: calls of the sizes the kernel is exact on
+        from .rowblocks import multiply
+
+        out = multiply(x, functools.partial(_packed_product, packed=self._packed), self._rows)
+    else:
+        out = _packed_product(x, self._packed)
     return out if self.bias is None else out + self.bias
 
 
 def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x (rows, in) times the packed weight: (rows, out), bf16 on the matrix units."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def _in_blocks(x: torch.Tensor, packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """x's rows multiplied in blocks of exactly `rows` (the last one padded with zeros). oneDNN picks its kernel,
-    and with it the order a row's sums are taken in, by the number of rows, so the same row gets other bf16 bits
-    in a pass of 23 rows than in one of 388; in blocks of a fixed size it gets the same bits wherever it is."""
-    flat = x.reshape(-1, x.shape[-1])
-    n = flat.shape[0]
-    padded = torch.cat([flat, flat.new_zeros((-n) % rows, flat.shape[1])])
-    out = torch.cat([_packed_product(block, packed) for block in padded.split(rows)])[:n]
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-# `--exact` in bf16: the tree pass's products in blocks of this many rows (`fixed_rows`). 64, 128 and 224 all
-# give the same bits; 128 is near the cheapest of the three on both many questions and one
-# (docs/measurements/cpu-precision.md#precision).
-EXACT_ROWS = 128
+# `--exact` in bf16: the tree pass's products in calls of the row counts the kernel is exact on (rowblocks.py),
+# probed for passes of up to this many rows (CausalLMBackend's chunk budget) and for the LM head's rows read.
+EXACT_PASS_ROWS = 2048
+EXACT_HEAD_ROWS = 512
 _FIXED_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("prefill_fixed_rows", default=0)
 
 
 def make_exact(model, dtype: str) -> None:
     """`--exact` in bf16 on a CPU with bf16 units: a question's answer gets the same bits however it is
     packed or its request batched. Attention runs in float64 (`exact_attention`), each state in a pass of its own
-    (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`fixed_rows`, `_in_blocks`).
+    (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`isolated`, rowblocks.py).
     Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them
     (docs/measurements/cpu-precision.md#precision). It covers the packed tree pass, which every model that takes
     attention masks runs; models run as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not
@@ -129,17 +149,24 @@ def make_exact(model, dtype: str) -> None:
             "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
             f"exact always and float32 is the reference, not {dtype}"
         )
-    exact_attention(model)
-    model._prefill_exact_rows = EXACT_ROWS
+    isolated_attention(model)
+    model._prefill_exact_rows = True  # pack_linears gives each layer its row policy
 
 
 @contextlib.contextmanager
-def fixed_rows(model) -> Iterator[None]:
-    """While a tree pass runs: the products in blocks of a fixed number of rows where `make_exact` asked for it
-    (a state runs alone, so its own pass needs none)."""
+def isolated(model, tree, n_state: int, spans=None) -> Iterator[None]:
+    """While a tree pass runs: its products in blocks of a fixed number of rows where `make_exact` asked for it
+    (a state runs alone, so its own pass needs none), and the split attention reading the tree's layout where it
+    is set (`isolated_attention`)."""
+    from .exact import TreeLayout, split_attention, tree_layout
+
     token = _FIXED_ROWS.set(getattr(model, "_prefill_exact_rows", 0))
     try:
-        yield
+        if split_attention(model):
+            with tree_layout(TreeLayout.of(tree, n_state, spans)):
+                yield
+        else:
+            yield
     finally:
         _FIXED_ROWS.reset(token)
 
@@ -192,7 +219,22 @@ def to_int8(model) -> None:
     """`--dtype int8` on a model loaded in fp32: the decoder's linears in int8 (the LM head stays fp32) and
     attention in float64; the two halves of int8 answers that do not move with their neighbours."""
     quantize_linears(model.get_decoder())
-    exact_attention(model)
+    isolated_attention(model)
+
+
+def isolated_attention(model) -> bool:
+    """Attention in the tree pass that gives a question's tokens the same bits however they are packed: the
+    split attention (backends/exact.py: the state part in fp32, the chain part in float64), where this machine's
+    flash kernel gives a row the same bits whatever rows are beside it; else attention in float64 throughout
+    (`exact_attention`, several times slower). Whether either was set (the model attends through SDPA)."""
+    from . import exact
+
+    cfg = model.config.get_text_config(decoder=True)
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if exact.rows_are_independent(cfg.num_attention_heads, kv_heads, dim, next(model.parameters()).dtype):
+        return exact.register(model)
+    return exact_attention(model)
 
 
 def exact_attention(model) -> bool:
@@ -223,7 +265,9 @@ def states_run_alone(model) -> bool:
     from the same requests asked one by one (docs/measurements/cpu-precision.md#without-bf16-units-int8). Alone, a
     state gets the same bits however requests arrive; the tree pass that reads several states is masked, hence float64,
     hence the same bits too."""
-    return model.config._attn_implementation == EXACT_ATTENTION
+    from .exact import SPLIT_ATTENTION
+
+    return model.config._attn_implementation in (EXACT_ATTENTION, SPLIT_ATTENTION)
 
 
 def _float64_sdpa(module, query, key, value, attention_mask, **kwargs):

@@ -108,6 +108,9 @@ def attach(backend, top_layers: int, rank: int):
     """LoRA modules (B = 0, so the model is unchanged until trained) on the top `top_layers` layers."""
     from peft import LoraConfig, get_peft_model
 
+    from ..backends import weights
+
+    weights.restore(backend.model)  # training reads the plain weights, which serving released
     depth = backend.depth
     config = LoraConfig(
         r=rank,

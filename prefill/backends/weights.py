@@ -1,0 +1,64 @@
+"""One copy of each weight in memory: the form the layer runs, not also the form it was loaded in.
+
+A bf16 layer runs from oneDNN's reordered copy of its weight (backends/cpu.py `pack_linears`), an int8 layer from
+its quantised copy; the plain weight stays beside it, read only with gradients on (a LoRA being trained) or to
+make a new copy (a LoRA merged). So serving holds every weight twice: the 1.5B in bf16 held 7.6-8.7 GB resident
+for 3.1 GB of weights. `release` drops the plain weights of the layers that have a running copy (never a weight
+the input embedding shares, nor the LM head's, whose rows the answers' exact logits read),
+and `restore` reads them back from the model's own
+files when something needs them (`lora.attach`, `CausalLMBackend.merge_adapter`). Measured:
+docs/measurements/serving-under-load.md#memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+RUNNING_COPIES = ("_packed", "_int8")
+
+
+def release(model) -> int:
+    """Drop the plain weight of every layer that runs from a copy of its own; the bytes freed. Only for a model
+    whose weights are files on this machine (`restore` reads them from there)."""
+    if not _files(model):
+        return 0
+    shared = {p.data_ptr() for p in model.get_input_embeddings().parameters()}
+    head = model.get_output_embeddings()  # its rows are read for the answers' exact logits (cpu.exact_logits)
+    freed = 0
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or module is head or weight.data_ptr() in shared:
+            continue
+        if not any(hasattr(module, c) for c in RUNNING_COPIES):
+            continue
+        freed += weight.numel() * weight.element_size()
+        module._released = (f"{name}.weight", weight.dtype)
+        module.register_parameter("weight", None)
+    return freed
+
+
+def restore(model) -> int:
+    """Read the released weights back from the model's files (in the precision they were loaded in); how many."""
+    from safetensors import safe_open
+
+    released = {m._released[0]: m for m in model.modules() if getattr(m, "_released", None)}
+    count = len(released)
+    if not count:
+        return 0
+    for path in _files(model):
+        with safe_open(str(path), framework="pt") as f:
+            for key in set(f.keys()) & set(released):
+                module = released.pop(key)
+                tensor = f.get_tensor(key).to(module._released[1])
+                module.register_parameter("weight", torch.nn.Parameter(tensor, requires_grad=False))
+                module._released = None
+    if released:
+        raise FileNotFoundError(f"weights missing from the model's files: {sorted(released)[:3]}")
+    return count
+
+
+def _files(model) -> list[Path]:
+    folder = Path(getattr(model.config, "_name_or_path", "") or "")
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
