@@ -22,6 +22,7 @@ from .engine import Engine
 from .schema import Answer, AnyQuestion, Choice, Noul, Score, wire_questions
 from .scoring import PriorCache
 from .settings import Settings
+from .static import is_static
 
 # What `Prefill.warm_up` asks: a made-up message and a question of each type.
 WARM_UP_STATE = "Hello, my order #1234 arrived two days late and the box was damaged. Can you help me?"
@@ -61,16 +62,28 @@ class Prefill:
         self.plan = plan or build.plan(settings)
         self.backend = build.backend(settings, self.plan)
         self.dtype = self.backend.precision  # auto's int8 falls back to fp32 on the encoder route and vLLM
-        heads = build.readout(self.backend, settings.readouts[0][1]) if settings.readouts else None
+        first = settings.readouts[0][1] if settings.readouts else None
+        static = first is not None and is_static(first)
+        heads = build.readout(self.backend, first) if first is not None and not static else None
         chosen = fallback if fallback is not None else build.fallback(settings)
         self.engine = build.engine(settings, self.backend, heads, chosen)
         self.engines: dict[str, Engine] = {self.engine.name: self.engine}
+        if static:  # the static student answers first, the base model (its fallback and all) after it
+            self.engine = self.add_readout(first, settings.readouts[0][0])
 
     def add_readout(self, path: str | Path, name: str | None = None) -> Engine:
         """Another trained readout served beside the others, on this one copy of the base weights and its
         state cache (the heads are small; only they are loaded). Served as `name` (default: base+folder).
         A readout trained with a LoRA changes the base's weights, so it cannot share them: load it alone
-        (`Prefill(readout=...)`)."""
+        (`Prefill(readout=...)`). A static student (`prefill distill --student static`) is served in front of the
+        base model: what it was not taught, or is unsure of, goes on to it."""
+        if is_static(path):
+            base = next(e for e in self.engines.values() if isinstance(e, Engine) and e.heads is None)
+            engine = build.static_engine(getattr(self, "settings", None) or Settings(), path, base, name)
+            if engine.name in self.engines:
+                raise ValueError(f"two served models would be named {engine.name!r}; name them (--readout NAME=DIR)")
+            self.engines[engine.name] = engine
+            return engine
         heads = build.readout(self.backend, path)
         build.check_shared(
             [e.heads is not None and e.heads.adapter is not None for e in self.engines.values()]

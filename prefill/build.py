@@ -209,6 +209,16 @@ def engine(
     )
 
 
+def static_engine(settings: Settings, path: str | Path, next_tier: Any = None, served_as: str | None = None):
+    """A static student (prefill/static.py) served in front of `next_tier` (the base model's engine, with its
+    own fallback): a three-tier cascade, each hand-off by a confidence threshold."""
+    from .static import StaticEngine, StaticStudent
+
+    student = StaticStudent(path)
+    below = settings.student_below if settings.student_below is not None else student.hand_off_below
+    return StaticEngine(student, fallback=next_tier, hand_off_below=below or None, served_as=served_as)
+
+
 def fallback(settings: Settings):
     """The fallback the settings describe: a remote server (--fallback-url), a stronger local model
     (--fallback-model alone, built here with this one's precision, limits and fact pass), or none."""

@@ -362,21 +362,26 @@ class Engine:
         return total
 
     def _answer(self, q: AnyQuestion, probs: Sequence[float]) -> Answer:
-        if isinstance(q, Noul):
-            return NoulAnswer(noul=probs[0])
-        if isinstance(q, Choice):
-            names = list(q.criteria)
-            # Exact ties go to the name that sorts first, whatever the request's option order.
-            best = min(range(len(names)), key=lambda i: (-probs[i], names[i]))
-            return ChoiceAnswer(
-                choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs)
-            )
-        return ScoreAnswer(
-            score=sum(i * p for i, p in enumerate(probs)),
-            legend={str(i): level for i, level in enumerate(q.criteria)},
-            probabilities={str(i): p for i, p in enumerate(probs)},
-            confidence=score_confidence(probs),
+        return wire_answer(q, probs)
+
+
+def wire_answer(q: AnyQuestion, probs: Sequence[float]) -> Answer:
+    """A question's wire answer from its distribution over its declared answers."""
+    if isinstance(q, Noul):
+        return NoulAnswer(noul=probs[0])
+    if isinstance(q, Choice):
+        names = list(q.criteria)
+        # Exact ties go to the name that sorts first, whatever the request's option order.
+        best = min(range(len(names)), key=lambda i: (-probs[i], names[i]))
+        return ChoiceAnswer(
+            choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs)
         )
+    return ScoreAnswer(
+        score=sum(i * p for i, p in enumerate(probs)),
+        legend={str(i): level for i, level in enumerate(q.criteria)},
+        probabilities={str(i): p for i, p in enumerate(probs)},
+        confidence=score_confidence(probs),
+    )
 
 
 def softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:

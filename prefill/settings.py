@@ -234,6 +234,16 @@ class Settings:
             type=float,
         ),
     )
+    student_below: float | None = field(
+        default=None,
+        metadata=flag(
+            "--student-below",
+            "a static student (--readout DIR from prefill distill --student static) hands a question to the base "
+            "model when its confidence is under this (default: the threshold its distill run found for its target "
+            "agreement; 0: never)",
+            type=float,
+        ),
+    )
     fallback_url: str | None = field(
         default=None,
         metadata=flag(

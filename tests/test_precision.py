@@ -273,6 +273,21 @@ def test_int8_batched_requests_get_the_bits_they_get_alone(tiny_model, tokenizer
     assert batched_vs_alone(model, tokenizer) > 1e-8
 
 
+def test_an_exact_model_reads_a_new_state_and_its_questions_in_one_pass(tiny_model, tokenizer):
+    """Where answers are exact (here int8), a state not cached runs in one pass with its first chunk of
+    questions, and is cached with the bits its own pass gives: the same request again (its state cached, the
+    tree pass alone) and the request batched with others (each state in a pass of its own) get the same bits."""
+    model = copy.deepcopy(tiny_model)
+    cpu.to_int8(model)
+    engine = Engine(make_backend(model, tokenizer), scoring=RAW)
+    first = engine.ask(STATE, QUESTIONS)[0]
+    assert engine.backend.forward_calls == 1 and engine.backend.seconds["state and tree pass"] > 0
+    assert engine.ask(STATE, QUESTIONS)[0] == first and engine.backend.forward_calls == 2
+    other = Engine(make_backend(model, tokenizer), scoring=RAW)
+    batched = other.decide_many([(STATE, QUESTIONS, None), ("Crashes.", QUESTIONS, None)])[0]
+    assert batched.answers == first and other.backend.seconds["state and tree pass"] == 0
+
+
 @needs_bf16_units
 def test_bf16_exact_gives_the_same_bits_packed_batched_or_alone(tiny_model, tokenizer):
     """`--exact` in bf16: packed vs alone, reordered questions and options, renamed ids, batched requests vs one
@@ -298,20 +313,25 @@ def test_products_in_the_probed_calls_give_a_row_the_same_bits_in_any_pass(tmp_p
     product = functools.partial(cpu._packed_product, packed=layer._packed)
     with torch.inference_mode():
         (policy,) = rowblocks.policies({(512, 1024): product}, torch.bfloat16, 512).values()
-        assert policy.most % policy.block == 0 and policy.block in rowblocks.CANDIDATES
+        assert policy.most % policy.step == 0 and policy.least in rowblocks.CANDIDATES
         assert json.loads((tmp_path / "rowblocks.json").read_text())  # kept: the next load reads it
         x = torch.randn(400, 512, dtype=torch.bfloat16)
         short, middle, long = (rowblocks.multiply(x[:n], product, policy) for n in (23, 100, 400))
         assert torch.equal(short, long[:23]) and torch.equal(middle, long[:100])
-        assert torch.equal(long[:5], product(torch.cat([x[:5], x.new_zeros(policy.block - 5, 512)]))[:5])
+        assert torch.equal(long[:5], product(torch.cat([x[:5], x.new_zeros(policy.least - 5, 512)]))[:5])
 
 
-def test_a_row_policy_pads_to_its_block_and_calls_at_most_its_most():
+def test_a_row_policy_makes_calls_of_the_sizes_it_allows():
     from prefill.backends.rowblocks import RowPolicy
 
-    policy = RowPolicy(48, 96)
-    assert policy.calls(1) == [48] and policy.calls(48) == [48] and policy.calls(49) == [96]
-    assert policy.calls(200) == [96, 96, 48] and sum(policy.calls(1000)) == 1008
+    policy = RowPolicy(48, 112)
+    assert policy.calls(1) == [48] and policy.calls(48) == [48] and policy.calls(49) == [64]
+    assert policy.calls(113) == [64, 64] and policy.calls(400) == [112, 96, 96, 96]
+    for rows in range(1, 3000, 37):
+        sizes = policy.calls(rows)
+        assert sum(sizes) >= rows and all(48 <= s <= 112 and s % 16 == 0 for s in sizes)
+        assert len(sizes) == -(-max(48, rows) // 112) or sum(sizes) - rows < 16 * len(sizes)
+    assert RowPolicy(96, 112).calls(113) == [96, 96]  # never under its least, whatever the split
 
 
 def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):

@@ -15,7 +15,9 @@ threads; about a minute, then about two for the chunk sizes on the default model
     python -m benchmarks.speed.fastpath --micro
     python -m benchmarks.speed.fastpath --chunks
     python -m benchmarks.speed.fastpath --precision   # bf16 vs fp32 answers, and bf16 isolation, on the default model
-    python -m benchmarks.speed.fastpath --exact qwen2.5-coder-1.5b-instruct   # --exact vs plain bf16, one run
+    python -m benchmarks.speed.fastpath --exact qwen2.5-coder-1.5b-instruct   # exact vs plain bf16, one run
+    python -m benchmarks.speed.fastpath --exact qwen2.5-coder-1.5b-instruct --rounds 8 \
+        --timed "exact: split attention, row policy"                       # docs/measurements/cpu-precision.md
     python -m benchmarks.speed.fastpath --profile qwen2.5-coder-1.5b-instruct   # the SemIf request by operator
     python -m benchmarks.speed.fastpath --fused qwen2.5-coder-1.5b-instruct     # its element-wise work compiled
 """
@@ -253,7 +255,7 @@ def precision() -> None:
     print(f"bf16 isolation on the test ticket: largest |dp| alone vs packed / reordered / renamed {worst:.4f}")
 
 
-def exact(model: str, repeats: int = 3, rounds: int = 2) -> None:
+def exact(model: str, repeats: int = 3, rounds: int = 2, timed_modes: tuple[str, ...] = ()) -> None:
     """Exact isolation against plain bf16 on one model, in one run: the split attention and the row policy (calls
     of the row counts the kernel is exact on, probed) each alone and together (what `--exact auto` runs in bf16),
     and the earlier --exact (float64 attention, fixed blocks of 128 rows): the largest |dp| of a question packed
@@ -296,15 +298,42 @@ def exact(model: str, repeats: int = 3, rounds: int = 2) -> None:
         use(mode)
         gaps = f"packed vs alone {isolation(pf):.2e}, batched vs one by one {batched_vs_one_by_one(pf):.2e}"
         print(f"[{i}/{len(modes)}] {mode}: {gaps}", flush=True)
+    timed = [m for m in modes if m in timed_modes] if timed_modes else list(modes)
+    times: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
-        for mode in modes:
+        for mode in timed:
             use(mode)
             pf.engine.ask(STATE, nouls(2))  # the priors, once
+            for n in (21, 1):
+                times.setdefault((mode, n), []).append(seconds(pf, nouls(n), repeats))
+                times.setdefault((mode, -n), []).append(cached_seconds(pf, nouls(n), repeats))
             print(
-                f"round {r + 1}/{rounds}, {mode}: SemIf 21 questions {seconds(pf, nouls(21), repeats):.3f} s, "
-                f"1 question {seconds(pf, nouls(1), repeats):.3f} s",
+                f"round {r + 1}/{rounds}, {mode}: SemIf 21 questions {times[mode, 21][-1]:.3f} s, "
+                f"1 question {times[mode, 1][-1]:.3f} s; the state cached: {times[mode, -21][-1]:.3f} s, "
+                f"{times[mode, -1][-1]:.3f} s",
                 flush=True,
             )
+    print(f"medians of {rounds} rounds, against plain bf16 in the same rounds:")
+    for mode in timed:
+        cells = []
+        for n in (21, 1, -21, -1):
+            ratio = statistics.median(t / p for t, p in zip(times[mode, n], times["plain bf16", n]))
+            what = f"{abs(n)} question{'s' if abs(n) > 1 else ''}" + (" (state cached)" if n < 0 else "")
+            cells.append(f"{what} {statistics.median(times[mode, n]):.3f} s ({ratio:.3f}x)")
+        print(f"  {mode}: " + ", ".join(cells), flush=True)
+
+
+def cached_seconds(pf, questions: dict, repeats: int) -> float:
+    """The median seconds of the SemIf request with its state already cached (a later request about it)."""
+    from prefill.bench.measure import STATE
+
+    pf.engine.ask(STATE, questions)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        pf.engine.ask(STATE, questions)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def profile(model: str, top: int = 12) -> None:
@@ -466,7 +495,9 @@ def main() -> None:
     ap.add_argument("--micro", action="store_true", help="time the fast path's choices against their alternatives")
     ap.add_argument("--chunks", action="store_true", help="time tree chunk sizes on the default model")
     ap.add_argument("--precision", action="store_true", help="bf16 vs fp32 answers and bf16 isolation, default model")
-    ap.add_argument("--exact", metavar="MODEL", help="--exact vs plain bf16 on MODEL: isolation and seconds, one run")
+    ap.add_argument("--exact", metavar="MODEL", help="exact vs plain bf16 on MODEL: isolation and seconds, one run")
+    ap.add_argument("--rounds", type=int, default=2, help="--exact: rounds of timings, modes alternated")
+    ap.add_argument("--timed", action="append", help="--exact: time only these modes (repeatable; plain always)")
     ap.add_argument("--profile", metavar="MODEL", help="the SemIf request on MODEL by operator, products' rate")
     ap.add_argument("--fused", metavar="MODEL", help="MODEL's element-wise work fused by torch.compile vs eager")
     args = ap.parse_args()
@@ -477,7 +508,8 @@ def main() -> None:
     if args.precision:
         precision()
     if args.exact:
-        exact(args.exact)
+        timed = ("plain bf16", *args.timed) if args.timed else ()
+        exact(args.exact, rounds=args.rounds, timed_modes=timed)
     if args.profile:
         profile(args.profile)
     if args.fused:

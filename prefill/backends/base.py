@@ -49,6 +49,7 @@ class Backend:
     exact = False  # bf16 made bit-exact however a question is packed or batched (--exact, cpu.make_exact)
     plain = False  # bf16 left plain (--exact off): answers move by up to a few hundredths with their neighbours
     route = "decoder"
+    weight_bytes = 0  # the model's weights, one copy each, as served (0: not known; weights.served_bytes)
     batches = False
     reads_features = False
     exits_early = False

@@ -31,6 +31,7 @@ from ..render import Branches, Renderer
 from . import weights
 from .base import Backend
 from .cpu import exact_logits, head_input, isolated, pack_linears, states_run_alone
+from .exact import split_attention
 from .hidden import HiddenStates
 from .rows import score_rows
 from .states import StateCache, block_diagonal_mask, concat, cut
@@ -89,10 +90,12 @@ class CausalLMBackend(HiddenStates, Backend):
         self.states = StateCache(state_cache_tokens)
         self.state_pack_tokens = state_pack_tokens  # score_many: states run side by side, up to this many tokens
         self.rows_read = 0  # positions whose next-token distribution was read (the LM head's rows)
-        self.seconds = {"state pass": 0.0, "tree pass": 0.0, "answer log-probabilities": 0.0}  # where time goes
+        passes = ("state pass", "tree pass", "state and tree pass", "answer log-probabilities")
+        self.seconds = dict.fromkeys(passes, 0.0)  # where time goes
         self._all_layers = list(model.get_decoder().layers)
         self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
         self.released_bytes = weights.release(self.model)  # one copy of each weight: backends/weights.py
+        self.weight_bytes = weights.served_bytes(self.model)
 
     @property
     def state_hits(self) -> int:  # states found in the cache
@@ -113,12 +116,17 @@ class CausalLMBackend(HiddenStates, Backend):
     # -- the interface
     @torch.inference_mode()
     def score(self, state: Sequence[int], questions: Sequence[Branches]) -> list[list[float]]:
-        cache = self._run_state(state)
         rows = self.packing == "rows" or (
             self.sliding_window is not None and len(state) + max(_longest(q) for q in questions) > self.sliding_window
         )
+        groups = list(chunks(questions, self.chunk_tokens))
         scores: list[list[float]] = []
-        for chunk in chunks(questions, self.chunk_tokens):
+        if not rows and self._runs_state_first(state, groups[0]):
+            scores, cache = self._state_then_tree(state, Tree.build(groups[0], len(state)))
+            groups = groups[1:]
+        else:
+            cache = self._run_state(state)
+        for chunk in groups:
             if rows:
                 scores += score_rows(self, cache, len(state), chunk)
             elif len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
@@ -184,6 +192,48 @@ class CausalLMBackend(HiddenStates, Backend):
         self.packed_linears = pack_linears(self.model)
         self.states.clear()
 
+    def _runs_state_first(self, state: Sequence[int], chunk: Sequence[Branches]) -> bool:
+        """Whether a request's state and its first chunk of questions run in one pass: when the state is not
+        cached, the chunk is packed, and attention is the split one (exact bf16, int8: backends/exact.py). One pass
+        streams every weight once where two would twice: the 1.5B's SemIf request, state and questions, 1.57 s
+        in one pass against 1.81 s in two, its one-question request 0.88 against 1.03 s
+        (docs/measurements/cpu-precision.md#exact-by-default). There the state's keys and values are the bits of
+        its own pass (backends/exact.py), so it is cached as if run alone, and a later request about the same
+        state gets the same answers. Elsewhere (fp32, plain bf16) one pass would round them otherwise than two,
+        and a cached state's answers would move in the last bits: those keep the two passes."""
+        if not split_attention(self.model) or len(chunk) == 1 and chunk[0].n_tokens > self.chunk_tokens:
+            return False
+        if tuple(state) in self.states:
+            return False
+        return len(state) + sum(q.n_tokens for q in chunk) <= self.chunk_tokens + self.state_pack_tokens
+
+    def _state_then_tree(self, state: Sequence[int], tree: Tree) -> tuple[list[list[float]], DynamicCache]:
+        """The state's tokens, then the tree's, in one pass: the answers, and the state's keys and values
+        (cached)."""
+        _, missing = self.states.lookup([state])  # counted as a miss, as `_run_state` would
+        n_state, cache = len(state), DynamicCache(config=self.model.config)
+        mask = tree.mask(n_state, self.dtype, with_state=True)
+        started = time.perf_counter()
+        with head_input(self.model, self.dtype) as head, isolated(self.model, tree, n_state, prefix=n_state):
+            out = self.model(
+                input_ids=torch.tensor([[*state, *tree.ids]], device=self.device),
+                position_ids=torch.tensor([[*range(n_state), *tree.positions]], device=self.device),
+                attention_mask=mask.to(self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor([n_state + i for i in tree.read_from], device=self.device),
+            )
+        self.forward_calls += 1
+        self.tokens_run += n_state + len(tree.ids)
+        self.rows_read += len(tree.read_from)
+        read = time.perf_counter()
+        scores = tree.sum_logprobs(out.logits[0], exact_logits(self.model, head))
+        self.seconds["state and tree pass"] += read - started
+        self.seconds["answer log-probabilities"] += time.perf_counter() - read
+        own = cut(cache, [n_state, len(tree.ids)])[0]
+        self.states.keep({tuple(state): own})
+        return scores, own
+
     def _run_state(self, state: Sequence[int]) -> DynamicCache:
         return self._run_states([state])[0]
 
@@ -209,7 +259,8 @@ class CausalLMBackend(HiddenStates, Backend):
         decoder = self.model.get_decoder()  # keys and values only: no LM head
         started = time.perf_counter()
         if len(states) == 1:
-            decoder(input_ids=ids, cache=cache, use_cache=True)
+            with isolated(self.model, None, ids.shape[1], prefix=ids.shape[1]):
+                decoder(input_ids=ids, cache=cache, use_cache=True)
         else:
             mask, positions = block_diagonal_mask([len(s) for s in states], self.dtype)
             decoder(

@@ -84,8 +84,11 @@ def row_policies(model) -> None:
     for is_head in (False, True):
         mine = {(i, o): f for (h, i, o), f in shapes.items() if h == is_head}
         if mine:
-            most = EXACT_HEAD_ROWS if is_head else EXACT_PASS_ROWS
-            found.update({(is_head, *k): v for k, v in rowblocks.policies(mine, torch.bfloat16, most).items()})
+            most, typical = (
+                (EXACT_HEAD_ROWS, rowblocks.TYPICAL_HEAD) if is_head else (EXACT_PASS_ROWS, rowblocks.TYPICAL)
+            )
+            policies = rowblocks.policies(mine, torch.bfloat16, most, typical)
+            found.update({(is_head, *k): v for k, v in policies.items()})
     for m in layers:
         m._rows = found[(m is head, m.in_features, m.out_features)]
 
@@ -154,16 +157,16 @@ def make_exact(model, dtype: str) -> None:
 
 
 @contextlib.contextmanager
-def isolated(model, tree, n_state: int, spans=None) -> Iterator[None]:
-    """While a tree pass runs: its products in blocks of a fixed number of rows where `make_exact` asked for it
-    (a state runs alone, so its own pass needs none), and the split attention reading the tree's layout where it
-    is set (`isolated_attention`)."""
+def isolated(model, tree, n_state: int, spans=None, prefix: int = 0) -> Iterator[None]:
+    """While a pass runs (a tree over a cached state; a state's own; or a state then its tree, `prefix` its
+    tokens): its products in the calls `make_exact` found exact, and the split attention reading the pass's
+    layout where it is set (`isolated_attention`). `tree` None: a state's own pass."""
     from .exact import TreeLayout, split_attention, tree_layout
 
     token = _FIXED_ROWS.set(getattr(model, "_prefill_exact_rows", 0))
     try:
         if split_attention(model):
-            with tree_layout(TreeLayout.of(tree, n_state, spans)):
+            with tree_layout(TreeLayout.of(tree, n_state, spans, prefix)):
                 yield
         else:
             yield

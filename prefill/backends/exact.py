@@ -31,7 +31,7 @@ SPLIT_ATTENTION = "prefill-split-sdpa"
 KV_BLOCK = 512  # the CPU flash kernel's key block (kv_split_size)
 QUERY_BLOCK = 64  # query rows a call (in bf16, 32 took 1.7x the time of 64, 128 about the same)
 CHAIN_ROWS = 16  # tree rows an element of the chain part's call
-CHAIN_KEYS = 64  # the fewest keys an element holds (rows deeper than that: twice as many, and so on)
+CHAIN_KEYS = 32  # the fewest keys an element holds (rows deeper than that: twice as many, and so on)
 _LAYOUT: contextvars.ContextVar[TreeLayout | None] = contextvars.ContextVar("prefill_tree_layout", default=None)
 
 
@@ -67,13 +67,23 @@ class TreeLayout:
 
     states: list[tuple[int, int, torch.Tensor]]  # (first cache column, last + 1, tree rows)
     chains: list[Chains]
+    prefix: int = 0  # a state's own tokens run first in the same pass (causal among themselves; `state_first`)
+
+    @functools.cached_property
+    def chain_order(self) -> torch.Tensor:
+        """Where each tree row is among the chain parts' outputs, concatenated."""
+        computed = torch.cat([c.real_rows for c in self.chains])
+        return torch.empty_like(computed).index_copy_(0, computed, torch.arange(len(computed)))
 
     @classmethod
-    def of(cls, tree, n_cache: int, spans: Sequence[tuple[int, int]] | None = None) -> TreeLayout:
+    def of(cls, tree, n_cache: int, spans: Sequence[tuple[int, int]] | None = None, prefix: int = 0) -> TreeLayout:
+        """`prefix`: the pass runs the state's `n_cache` tokens first (the state has no cache yet)."""
+        if tree is None:  # a state's own pass
+            return cls([], [], prefix)
         groups = torch.tensor(tree.group)
         spans = spans or [(0, n_cache)]
         states = [(start, stop, (groups == g).nonzero().squeeze(1)) for g, (start, stop) in enumerate(spans)]
-        return cls([s for s in states if len(s[2])], _chains(tree.parent))
+        return cls([s for s in states if len(s[2])], _chains(tree.parent), prefix)
 
 
 def key_size(depth: int) -> int:
@@ -142,25 +152,38 @@ def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
     plain SDPA elsewhere (a state's own pass, which runs alone; training, which reads fp32 weights)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    layout = _LAYOUT.get()
+    layout = kwargs.pop("_layout", None)
+    if layout is not None:  # the tree rows of a pass that ran its state first
+        layout = TreeLayout(layout.states, layout.chains)
+    else:
+        layout = _LAYOUT.get()
     if layout is None or torch.is_grad_enabled() or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = query[0], key[0], value[0]  # (heads, tokens, dim); kv heads broadcast
+    if layout.prefix:  # the state's own tokens, causal, as its own pass runs them: the same call, the same bits
+        first = state_itself(q[:, : layout.prefix], k[:, : layout.prefix], v[:, : layout.prefix], scale)
+        if not layout.chains:
+            return first.transpose(0, 1)[None], None
+        rest, _ = attend(module, query[:, :, layout.prefix :], key, value, None, scaling=scale, _layout=layout)
+        return torch.cat([first.transpose(0, 1)[None], rest], 1), None
     n = q.shape[1]
-    state_out = torch.empty(q.shape, dtype=torch.float32)
-    state_lse = torch.empty(q.shape[:2], dtype=torch.float32)
-    for start, stop, rows in layout.states:
-        part_out, part_lse = state_part(q[:, rows], k[:, start:stop], v[:, start:stop], scale)
-        state_out[:, rows], state_lse[:, rows] = part_out.float(), part_lse.float()
-    chain_out = torch.empty(q.shape, dtype=torch.float32)
-    chain_lse = torch.empty(q.shape[:2], dtype=torch.float32)
-    for chains in layout.chains:
-        part_out, part_lse = chain_part(q, k[:, -n:], v[:, -n:], chains, scale)
-        chain_out[:, chains.real_rows], chain_lse[:, chains.real_rows] = part_out.float(), part_lse.float()
+    if len(layout.states) == 1 and len(layout.states[0][2]) == n:  # one state, read by every row (most passes)
+        start, stop, _ = layout.states[0]
+        state_out, state_lse = state_part(q, k[:, start:stop], v[:, start:stop], scale)
+    else:
+        state_out = q.new_empty(q.shape)
+        state_lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        for start, stop, rows in layout.states:
+            part_out, part_lse = state_part(q.index_select(1, rows), k[:, start:stop], v[:, start:stop], scale)
+            state_out.index_copy_(1, rows, part_out.to(q.dtype))
+            state_lse.index_copy_(1, rows, part_lse.float())
+    parts = [chain_part(q, k[:, -n:], v[:, -n:], chains, scale) for chains in layout.chains]
+    chain_out = torch.cat([o for o, _ in parts], 1).index_select(1, layout.chain_order)  # back in row order
+    chain_lse = torch.cat([lse for _, lse in parts], 1).index_select(1, layout.chain_order)
     own, chain = _shares(state_lse, chain_lse)
-    state_out.mul_(own[..., None]).add_(chain_out.mul_(chain[..., None]))  # products and sums: elementwise exact
-    return state_out.to(query.dtype).transpose(0, 1)[None], None
+    out = state_out.float().mul_(own[..., None]).add_(chain_out.float().mul_(chain[..., None]))  # elementwise exact
+    return out.to(query.dtype).transpose(0, 1)[None], None
 
 
 def _shares(lse_a: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,6 +194,14 @@ def _shares(lse_a: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, tor
     a, b = lse_a.double(), lse_b.double()
     total = torch.logaddexp(a, b)
     return torch.exp(a - total).float(), torch.exp(b - total).float()
+
+
+def state_itself(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A state's tokens attending to themselves, causally: (heads, tokens, dim) in the queries' precision. One
+    flash call whose shape is the state's alone, so its own pass and a pass that runs a tree after it give the
+    same bits."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return op(q[None], k[None], v[None], 0.0, is_causal=True, scale=scale)[0][0]
 
 
 def state_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,11 +222,16 @@ def state_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
 
 
 def _flash(q, k, v, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    n = q.shape[1]
-    padded = torch.cat([q, q.new_zeros(q.shape[0], (-n) % QUERY_BLOCK, q.shape[2])], 1)
-    parts = [op(block[None], k[None], v[None], 0.0, scale=scale) for block in padded.split(QUERY_BLOCK, 1)]
-    return torch.cat([o[0] for o, _ in parts], 1)[:, :n], torch.cat([s[0] for _, s in parts], 1)[:, :n]
+    """The flash kernel over (heads, rows, dim) queries in blocks of QUERY_BLOCK rows, the blocks as one call's
+    batch (each block is computed on its own, so this is the same bits as a call per block)."""
+    heads, n, dim = q.shape
+    blocks = -(-n // QUERY_BLOCK)
+    padded = torch.cat([q, q.new_zeros(heads, blocks * QUERY_BLOCK - n, dim)], 1) if n % QUERY_BLOCK else q
+    qs = padded.reshape(heads, blocks, QUERY_BLOCK, dim).transpose(0, 1)
+    ks, vs = (t[None].expand(blocks, *t.shape) for t in (k, v))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, scale=scale)
+    out = out.transpose(0, 1).reshape(heads, blocks * QUERY_BLOCK, dim)[:, :n]
+    return out, lse.transpose(0, 1).reshape(heads, blocks * QUERY_BLOCK)[:, :n]
 
 
 def _merge(a, b):
@@ -225,9 +261,9 @@ def chain_part(q, tree_k, tree_v, chains: Chains, scale: float) -> tuple[torch.T
     the keys it does not see (`rows_are_independent` checks it at start-up)."""
     heads, dim = q.shape[0], q.shape[-1]
     n_elements, size = chains.keys.shape
-    qs = q[:, chains.rows.reshape(-1)].reshape(heads, n_elements, CHAIN_ROWS, dim).transpose(0, 1)
-    ks = tree_k[:, chains.keys.reshape(-1)].reshape(-1, n_elements, size, dim).transpose(0, 1)
-    vs = tree_v[:, chains.keys.reshape(-1)].reshape(-1, n_elements, size, dim).transpose(0, 1)
+    qs = q.index_select(1, chains.rows.reshape(-1)).reshape(heads, n_elements, CHAIN_ROWS, dim).transpose(0, 1)
+    ks = tree_k.index_select(1, chains.keys.reshape(-1)).reshape(-1, n_elements, size, dim).transpose(0, 1)
+    vs = tree_v.index_select(1, chains.keys.reshape(-1)).reshape(-1, n_elements, size, dim).transpose(0, 1)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = op(qs, ks, vs, 0.0, attn_mask=chains.mask(q.dtype), scale=scale)
     out = out.transpose(0, 1).reshape(heads, -1, dim)[:, chains.real]

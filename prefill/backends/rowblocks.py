@@ -22,31 +22,36 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-CANDIDATES = (16, 32, 48, 64, 96, 128, 192, 256)
-# What a pass of each size is worth in choosing a policy: a one-question request (its tree pass is ~24 rows), a
-# request of ~20 questions (~400), a full chunk (2,048; chunk_tokens). A call costs about as much as this many rows
-# more (the weight streamed once more: the 8,960 x 1,536 product on the Xeon, 0.4 ms a call, 0.012 ms a row).
-TYPICAL = {24: 2.0, 400: 1.0, 2048: 0.2}
-CALL_ROWS = 32
+STEP = 16  # call sizes are multiples of this (the matrix units' tile height)
+CANDIDATES = (16, 32, 48, 64, 96, 128, 192, 256)  # the fewest rows a call may have
+# The passes a policy is chosen for, by their measured time, weighted by how often a server sees each: a new
+# state runs in one pass with its questions (CausalLMBackend._state_then_tree), so a ticket of ~400 tokens with
+# twenty questions is a pass of ~800 rows and with one question ~400; a cached state's tree runs alone, ~400 rows
+# for twenty questions and ~24 for one. The LM head reads a row or two for one question and ~30 for twenty (a
+# question's last prompt token, and one per answer token after its first).
+TYPICAL = {24: 1.0, 400: 2.0, 800: 1.0}
+TYPICAL_HEAD = {2: 2.0, 30: 1.0}
 
 
 @dataclass(frozen=True)
 class RowPolicy:
-    block: int  # a pass's rows are padded to a multiple of this
-    most: int  # and multiplied in calls of at most this many rows (a multiple of `block`)
+    least: int  # every call has at least this many rows (a pass padded with zero rows to reach it)
+    most: int  # and at most this many, a multiple of STEP
+    step: int = STEP
 
     def calls(self, rows: int) -> list[int]:
-        padded = -(-rows // self.block) * self.block
-        return [min(self.most, padded - start) for start in range(0, padded, self.most)]
-
-    def cost(self, rows: int) -> int:
-        sizes = self.calls(rows)
-        return sum(sizes) + CALL_ROWS * len(sizes)
+        """The call sizes for a pass of `rows` rows: as few calls as `most` allows, of near-equal sizes, each a
+        multiple of `step` in [least, most] (their sum may pass `rows`: the rest is padding)."""
+        padded = max(self.least, -(-rows // self.step) * self.step)
+        n = -(-padded // self.most)
+        units = padded // self.step
+        return [max(self.least, self.step * (units // n + (i < units % n))) for i in range(n)]
 
 
 def multiply(x: torch.Tensor, product: Callable, policy: RowPolicy) -> torch.Tensor:
@@ -59,31 +64,59 @@ def multiply(x: torch.Tensor, product: Callable, policy: RowPolicy) -> torch.Ten
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def probe(product: Callable, in_features: int, dtype: torch.dtype, most: int) -> RowPolicy:
-    """The cheapest policy (over TYPICAL passes) for `product` (rows -> rows), among blocks of CANDIDATES rows,
-    each with the largest multiple of it up to `most` rows for which every multiple gives each row the bits that
-    blocks of it give."""
-    x = torch.randn(most + max(CANDIDATES), in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
-    found = []
-    for block in CANDIDATES:
-        blocks = torch.cat([product(part) for part in x[: -(-most // block) * block].split(block)])
-        largest = block
-        for rows in range(2 * block, most + 1, block):
-            if not torch.equal(product(x[:rows]), blocks[:rows]):
+def consistent(product: Callable, x: torch.Tensor, least: int, most: int) -> int:
+    """The largest size up to `most` such that every call of a multiple of STEP rows from `least` to it gives
+    each row the bits a call of `least` rows gives it, wherever the row sits (checked at two offsets); 0 if
+    none."""
+    largest = most
+    for shift in (0, 7):
+        rows = x[shift : shift + most]
+        blocks = multiply(rows, product, RowPolicy(least, least, least))
+        for size in range(least, largest + 1, STEP):
+            if not torch.equal(product(rows[:size]), blocks[:size]):
+                largest = size - STEP
                 break
-            largest = rows
-        found.append(RowPolicy(block, largest))
-        if largest + block > most:  # consistent for every pass: a larger block only pads more
-            break
-    return min(found, key=lambda p: sum(w * p.cost(rows) for rows, w in TYPICAL.items()))
+    return largest if largest >= least else 0
 
 
-def policies(shapes: dict[tuple[int, int], Callable], dtype: torch.dtype, most: int) -> dict[tuple, RowPolicy]:
+def probe(
+    product: Callable, in_features: int, dtype: torch.dtype, most: int, typical: dict[int, float] = TYPICAL
+) -> RowPolicy:
+    """The policy that slows the `typical` passes least, relative to one plain call each (timed here), for
+    `product` (rows -> rows), among those whose calls all give a row the same bits: for each least call size in
+    CANDIDATES, the largest range of sizes above it. Relative, not absolute: padding a 24-row pass to 256 rows
+    adds less time than splitting an 800-row one in seven, but makes a cached state's one-question request
+    half as fast again, where splitting costs every pass a similar share."""
+    x = torch.randn(most + 7, in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+    found = []
+    for least in CANDIDATES:
+        largest = consistent(product, x, least, most)
+        if largest >= least:
+            found.append(RowPolicy(least, largest))
+            if largest + STEP > most:  # consistent for every pass: a larger least only pads more
+                break
+    if not found:
+        return RowPolicy(most, most, most)  # blocks of the largest size: the same bits by construction
+    plain = {rows: _seconds(product, x, rows, RowPolicy(rows, rows, 1)) for rows in typical}
+    return min(found, key=lambda p: sum(w * _seconds(product, x, rows, p) / plain[rows] for rows, w in typical.items()))
+
+
+def _seconds(product: Callable, x: torch.Tensor, rows: int, policy: RowPolicy, repeats: int = 3) -> float:
+    multiply(x[:rows], product, policy)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        multiply(x[:rows], product, policy)
+    return (time.perf_counter() - started) / repeats
+
+
+def policies(
+    shapes: dict[tuple[int, int], Callable], dtype: torch.dtype, most: int, typical: dict[int, float] = TYPICAL
+) -> dict[tuple, RowPolicy]:
     """A policy per (in, out) shape, read from the cache or probed (and saved): the probe says what it does."""
     from ..loading import cache_dir
 
     path = cache_dir() / "rowblocks.json"
-    key = _machine(dtype, most)
+    key = _machine(dtype, most) + "-v5"
     saved = json.loads(path.read_text()) if path.is_file() else {}
     mine = saved.setdefault(key, {})
     out = {}
@@ -94,7 +127,7 @@ def policies(shapes: dict[tuple[int, int], Callable], dtype: torch.dtype, most: 
                 f"prefill: finding the row counts this CPU's {n_in} x {n_out} product is exact on (once)",
                 file=sys.stderr,
             )
-            mine[name] = asdict(probe(product, n_in, dtype, most))
+            mine[name] = asdict(probe(product, n_in, dtype, most, typical))
         out[(n_in, n_out)] = RowPolicy(**mine[name])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=1))

@@ -45,6 +45,9 @@ class StateCache:
         while sum(len(k) for k in self._entries) > self.budget:
             self._entries.popitem(last=False)
 
+    def __contains__(self, state: Sequence[int]) -> bool:
+        return tuple(state) in self._entries
+
     def clear(self) -> None:
         self._entries.clear()
 

@@ -34,7 +34,7 @@ def release(model) -> int:
         if not any(hasattr(module, c) for c in RUNNING_COPIES):
             continue
         freed += weight.numel() * weight.element_size()
-        module._released = (f"{name}.weight", weight.dtype)
+        module._released = (f"{name}.weight", weight.dtype, weight.numel())
         module.register_parameter("weight", None)
     return freed
 
@@ -57,6 +57,21 @@ def restore(model) -> int:
     if released:
         raise FileNotFoundError(f"weights missing from the model's files: {sorted(released)[:3]}")
     return count
+
+
+def served_bytes(model) -> int:
+    """The model's weights, one copy of each, in the precision they are served in (an int8 layer's weight: a
+    byte an element): what a server's resident memory is measured against (`prefill_model_weight_bytes`)."""
+    seen, total = set(), 0
+    for module in model.modules():
+        released = getattr(module, "_released", None)
+        if released:
+            total += released[2] * (1 if hasattr(module, "_int8") else released[1].itemsize)
+        for name, p in module.named_parameters(recurse=False):
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * (1 if name == "weight" and hasattr(module, "_int8") else p.element_size())
+    return total
 
 
 def _files(model) -> list[Path]:

@@ -48,6 +48,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.95,
         help="the cascade's target: the threshold escalating fewest questions that reaches it",
     )
+    p.add_argument(
+        "--student",
+        default="model",
+        choices=["model", "static"],
+        help="model: a head on --model's hidden states (the decoder or the encoder route); static: a static "
+        "student (a table lookup and a small head per question, numpy only, well under a millisecond a question: "
+        "prefill/static.py), served in front of the base model",
+    )
+    p.add_argument(
+        "--table-from",
+        default="all-minilm-l6-v2",
+        metavar="ENCODER",
+        help="--student static: the local encoder its static embedding table is built from (once, cached)",
+    )
+    p.add_argument(
+        "--middle",
+        default="auto",
+        metavar="MODEL",
+        help="--student static: the base model the report's three-tier cascade measures between the student and "
+        "the teacher (auto: --model, else the default model; none: two tiers)",
+    )
     add_kind_argument(p, "auto", more_help=" on the training rows")
     p.add_argument(
         "--no-curve",
@@ -109,6 +130,8 @@ def run(settings: Settings, args) -> int:
         rate=args.rate,
     )
     train_rows, held = distill.split(rows, args.holdout, args.seed)
+    if args.student == "static":
+        return run_static(settings, args, rows, skipped, train_rows, held, entries, questions, journal)
     items, targets = distill.student_items(train_rows, entries, questions)
     if not items:
         print(nothing_taught(distill.teacher_summary(entries, questions), journal.path), file=sys.stderr)
@@ -211,4 +234,94 @@ def summary(report: dict) -> str:
             f"  cascade: --fallback-below {c['threshold']:.2f} escalates {c['escalated']:.1%} of the "
             f"questions and reaches {c['agreement']:.1%} agreement (target {c['target']:.0%})"
         )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- --student static
+
+
+def run_static(settings: Settings, args, rows, skipped, train_rows, held, entries, questions, journal) -> int:
+    """The static student (training/static.py): its table from --table-from, a head per question on the teacher's
+    distributions of the training rows, saved under --out; then, on the held-out rows, the report `prefill
+    distill` always gives, the learning curve, and the three-tier cascade (student, --middle, teacher) with the
+    thresholds that reach 90 % and 95 % agreement; the one for --target-agreement is saved as the student's
+    hand-off threshold (what `prefill serve --readout` uses unless --student-below says otherwise)."""
+    import time
+
+    from ..static import StaticEngine, StaticStudent
+    from ..training import distill
+    from ..training import static as training
+
+    out = Path(args.out)
+    taught = training.teacher_rows(train_rows, entries, questions)
+    if not taught:
+        print(nothing_taught(distill.teacher_summary(entries, questions), journal.path), file=sys.stderr)
+        return 1
+    table, tokenizer = training.table(args.table_from)
+    x = training.features(table, tokenizer, [r.state for r in train_rows])
+    heads = training.fit(x, taught)
+    name = f"static-{out.resolve().name}"
+    teacher = args.teacher or args.teacher_model
+    training.save(out, name, table, tokenizer, heads, encoder=args.table_from, teacher=teacher)
+    engine = StaticEngine(StaticStudent(out))
+    report = {
+        "teacher": teacher,
+        "student": f"{name} (static, table from {args.table_from})",
+        "rows": {"read": len(rows), "unreadable": len(skipped), "train": len(train_rows), "held_out": len(held)},
+        "teacher_answers": distill.teacher_summary(entries, questions),
+        "training": {
+            "questions": [{k: h[k] for k in ("temperature", "penalty", "out_of_fold_agreement")} for h in heads],
+            "bytes": engine.student.bytes,
+        },
+        "held_out": distill.held_out_report(engine, held, entries, questions, args.target_agreement),
+    }
+    if not args.no_curve:
+        x_held = training.features(table, tokenizer, [r.state for r in held])
+        held_taught = training.teacher_rows(held, entries, questions)
+        report["learning_curve"] = training.curve(x, taught, x_held, held_taught, heads)
+    middle = None if args.middle == "none" else args.middle if args.middle != "auto" else settings.model
+    if args.middle != "none" and held:
+        print("prefill distill: the base model on the held-out rows, for the cascade", file=sys.stderr)
+        base = build_prefill(settings.replace(model=middle, readouts=(), fallback_below=None), "distill")
+        records = []
+        for row in held:
+            probs = (entries.get(row.index) or {}).get("probs") or {}
+            asked = {qid: q for qid, q in questions.items() if qid in probs}
+            if not asked:
+                continue
+            started = time.perf_counter()
+            mine, _, _ = engine.probabilities(row.state, asked)
+            static_s = time.perf_counter() - started
+            started = time.perf_counter()
+            theirs, _, _ = base.engine.probabilities(row.state, asked)
+            base_s = time.perf_counter() - started
+            for qid in asked:
+                records.append(distill.tier_record(mine[qid], theirs[qid], probs[qid], static_s / len(asked),
+                                                   base_s / len(asked)))  # fmt: skip
+        teacher_s = (report["teacher_answers"]["seconds_per_row"] or 0) / max(1, len(questions))
+        report["cascade_three_tiers"] = {"middle": base.name, **distill.three_tiers(records, teacher_s)}
+    chosen = distill.hand_off(report, args.target_agreement)
+    training.set_hand_off(out, chosen)
+    report["hand_off_below"] = chosen
+    (out / "distill.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(summary(report), file=sys.stderr)
+    print(static_summary(report), file=sys.stderr)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def static_summary(report: dict) -> str:
+    lines = [f"  the static student: {report['training']['bytes'] / 2**20:.1f} MB"]
+    tiers = report.get("cascade_three_tiers")
+    if tiers:
+        lines.append(f"  three tiers (student, {tiers['middle']}, teacher), on the held-out questions:")
+        for t in tiers["targets"]:
+            if t.get("reached", True):
+                lines.append(
+                    f"    {t['target']:.0%} agreement: --student-below {t['student_below']:.2f} --fallback-below "
+                    f"{t['middle_below']:.2f}: {t['student']:.0%} / {t['middle']:.0%} / {t['teacher']:.0%} of the "
+                    f"questions, {t['agreement']:.1%} agreement, {t['seconds'] * 1000:.1f} ms a question"
+                )
+            else:
+                lines.append(f"    {t['target']:.0%} agreement: not reached without asking the teacher everything")
     return "\n".join(lines)

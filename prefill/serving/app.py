@@ -55,7 +55,7 @@ class Served:
     def of(cls, engines: Engine | Mapping[str, Engine] | Served, default: str | None = None) -> Served:
         if isinstance(engines, Served):
             return engines
-        if isinstance(engines, Engine):
+        if not isinstance(engines, Mapping):  # one engine (the decoder's, or a static student's)
             engines = {engines.name: engines}
         engines = dict(engines)
         if not engines:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine import Decision
 
@@ -117,3 +117,8 @@ class _BackendCollector:
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], sum(getattr(b, attr, 0) for b in backends))
             yield family
+        weights = GaugeMetricFamily(
+            "prefill_model_weight_bytes", "the served models' weights, one copy each, in the precision served"
+        )
+        weights.add_metric([], sum(getattr(b, "weight_bytes", 0) for b in backends))
+        yield weights

@@ -1,0 +1,239 @@
+"""The static student against the teacher, the EmbeddingGemma student and a training-free static peer, on real tasks
+(benchmarks/quality/tasks.py's data): `prefill distill --student static` on each task's rows (the teacher answers
+every row once, journaled; the EmbeddingGemma student is trained on the same journal), then, on the held-out rows,
+each one's agreement with the teacher, accuracy against gold, seconds a question (p50 and p99, one core, in
+process), memory, and the static student's rows a second through `prefill batch` (2 cores); and sparrow-decider
+0.2.0 (Apache-2.0, numpy only: a general static-embedding decision model distilled from a 4B teacher), asked the
+same questions about the same held-out rows, training-free.
+
+    python -m benchmarks.training.static_student --out out/static                 # ~45 min on 2 cores
+    python -m benchmarks.training.static_student --out out/static --report        # the table again
+    python -m benchmarks.training.static_student --out out/static --tasks language --rows 120 --no-egemma  # smoke
+
+Every step says what it does and how far it is; a rerun reuses the teacher's journals (`prefill distill` resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.training.distill_tasks import write_task
+
+TASKS = ("lists", "language", "emails")
+TEACHER = "qwen2.5-coder-1.5b-instruct"
+MIDDLE = "qwen2.5-coder-0.5b-instruct"
+
+
+def distill(task: str, folder: Path, data: Path, q: Path, *extra: str) -> None:
+    command = [sys.executable, "-m", "prefill.cli", "distill", str(data), "--questions", f"@{q}"]
+    command += ["--state-field", "text", "--gold-field", "gold", "--teacher-model", TEACHER, "--out", str(folder)]
+    print(f"  prefill distill {' '.join(extra)} -> {folder}", file=sys.stderr, flush=True)
+    subprocess.run([*command, *extra], check=True, stdout=subprocess.DEVNULL)
+
+
+def held_out(folder: Path):
+    from prefill.batch import load_questions
+    from prefill.training import distill as training
+
+    questions = load_questions(json.loads((folder / "questions.json").read_text()))
+    rows, _ = training.read_distill_rows(folder / "rows.jsonl", questions, "text", "gold")
+    _, held = training.split(rows, 0.2, 0)
+    entries = training.Journal(folder / "static" / "teacher.jsonl", questions).entries()
+    return questions, held, entries
+
+
+def timed(engine_probabilities, held, questions) -> list[float]:
+    """Seconds a question, each held-out row asked alone, after one warm-up."""
+    engine_probabilities(held[0].state, questions)
+    out = []
+    for row in held:
+        started = time.perf_counter()
+        engine_probabilities(row.state, questions)
+        out.append((time.perf_counter() - started) / len(questions))
+    return out
+
+
+def scores(answer_of, held, entries, questions) -> dict:
+    from prefill.evaluation.evaluate import gold_index
+    from prefill.evaluation.metrics import argmax
+
+    agree = right = gold = n = 0
+    for row in held:
+        teacher = (entries.get(row.index) or {}).get("probs") or {}
+        mine = answer_of(row.state)
+        for qid, q in questions.items():
+            if qid not in teacher or qid not in mine:
+                continue
+            n += 1
+            agree += argmax(mine[qid]) == argmax(teacher[qid])
+            if row.gold.get(qid) is not None:
+                gold += 1
+                right += argmax(mine[qid]) == gold_index(q, row.gold[qid])
+    return {"questions": n, "agreement": agree / n if n else None, "accuracy": right / gold if gold else None}
+
+
+def sparrow(questions):
+    """sparrow-decider's answers as distributions in the question's declared order (None: not installed)."""
+    try:
+        from sparrow_decider import Decider
+    except ImportError:
+        return None
+    from prefill.schema import answer_labels
+
+    decider = Decider.load()
+    wire = {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions.items()}
+
+    def answer_of(state):
+        got = decider.ask(state if isinstance(state, str) else json.dumps(state), wire)
+        out = {}
+        for qid, q in questions.items():
+            a = got[qid] if isinstance(got, dict) else getattr(got, qid)
+            a = a if isinstance(a, dict) else a.__dict__
+            if q.type == "noul":
+                out[qid] = [a["noul"], 1 - a["noul"]]
+            else:
+                out[qid] = [a["probabilities"][name] for name in answer_labels(q)]
+        return out
+
+    return answer_of
+
+
+def measure(folder: Path, egemma: bool) -> dict:
+    import torch
+
+    from prefill import Prefill
+    from prefill.static import StaticEngine, StaticStudent
+
+    torch.set_num_threads(1)  # one core, in process
+    questions, held, entries = held_out(folder)
+    result: dict = {"task": folder.name, "held_out_rows": len(held)}
+    teacher_json = json.loads((folder / "static" / "distill.json").read_text())
+    result["teacher"] = {
+        **scores(lambda s: {q: (entries.get(_row(held, s)) or {}).get("probs", {}).get(q) for q in questions},
+                 held, entries, questions),  # fmt: skip
+        "seconds_per_question": (teacher_json["teacher_answers"]["seconds_per_row"] or 0) / len(questions),
+    }
+    student = StaticEngine(StaticStudent(folder / "static"))
+    latency = timed(student.probabilities, held, questions)
+    result["static"] = {
+        **scores(lambda s: student.probabilities(s, questions)[0], held, entries, questions),
+        "p50_ms": 1000 * statistics.median(latency),
+        "p99_ms": 1000 * sorted(latency)[min(len(latency) - 1, int(0.99 * len(latency)))],
+        "bytes": student.student.bytes,
+        "cascade": teacher_json.get("cascade_three_tiers"),
+        "hand_off_below": teacher_json.get("hand_off_below"),
+    }
+    if egemma and (folder / "egemma" / "final.json").is_file():
+        pf = Prefill(model="embeddinggemma-300m", readout=folder / "egemma", dtype="float32")
+        latency = timed(lambda s, q: pf.engine.probabilities(s, q), held, questions)
+        result["egemma"] = {
+            **scores(lambda s: pf.engine.probabilities(s, questions)[0], held, entries, questions),
+            "p50_ms": 1000 * statistics.median(latency),
+            "p99_ms": 1000 * sorted(latency)[min(len(latency) - 1, int(0.99 * len(latency)))],
+            "bytes": sum(p.numel() * p.element_size() for p in pf.backend.model.parameters()),
+        }
+    peer = sparrow(questions)
+    if peer is not None:
+        latency = timed(lambda s, q: peer(s), held, questions)
+        result["sparrow"] = {
+            **scores(peer, held, entries, questions),
+            "p50_ms": 1000 * statistics.median(latency),
+            "p99_ms": 1000 * sorted(latency)[min(len(latency) - 1, int(0.99 * len(latency)))],
+        }
+    result["batch_rows_per_second"] = batch_rate(folder)
+    return result
+
+
+def _row(held, state) -> int:
+    return next(r.index for r in held if r.state == state)
+
+
+def batch_rate(folder: Path, copies: int = 25) -> float:
+    """`prefill batch --readout` with the static student over the task's rows (repeated to a few thousand),
+    2 cores: rows a second, the process's start and load included."""
+    rows = (folder / "rows.jsonl").read_text().splitlines() * copies
+    data = folder / "batch-rows.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    out = folder / "batch-out.jsonl"
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "batch", str(data), "--questions", f"@{folder / 'questions.json'}",
+         "--state-field", "text", "--readout", str(folder / "static"), "--out", str(out)],
+        check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    data.unlink()
+    return len(rows) / seconds
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| task | who | agreement with the teacher | accuracy (gold) | seconds a question: p50 / p99 | memory |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        t = r["teacher"]
+        lines.append(f"| {r['task']} | teacher (1.5B, bf16) | - | {t['accuracy']:.3f} | "
+                     f"{t['seconds_per_question']:.2f} s (mean, 2 cores) | 3.1 GB |")  # fmt: skip
+        for who, label in (("egemma", "EmbeddingGemma student"), ("static", "static student"),
+                           ("sparrow", "sparrow-decider 0.2.0 (training-free)")):  # fmt: skip
+            if who not in r:
+                continue
+            s = r[who]
+            memory = f"{s['bytes'] / 2**20:.1f} MB" if "bytes" in s else "2.2 MB (its model)"
+            lines.append(f"| {r['task']} | {label} | {s['agreement']:.3f} | {s['accuracy']:.3f} | "
+                         f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f} ms (one core) | {memory} |")  # fmt: skip
+    lines.append("")
+    lines.append("| task | static student in `prefill batch` (2 cores) | three tiers for 90 % | for 95 % |")
+    lines.append("|---|---|---|---|")
+    for r in results:
+        cells = []
+        for target in (0.9, 0.95):
+            tiers = (r["static"].get("cascade") or {}).get("targets", [])
+            t = next((x for x in tiers if abs(x["target"] - target) < 1e-9), None)
+            if not t or not t.get("reached", True):
+                cells.append("not reached")
+            else:
+                cells.append(f"{t['student']:.0%} / {t['middle']:.0%} / {t['teacher']:.0%}, {t['agreement']:.1%}, "
+                             f"{t['seconds'] * 1000:.0f} ms a question")  # fmt: skip
+        lines.append(f"| {r['task']} | {r['batch_rows_per_second']:.0f} rows/s | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--rows", type=int, default=400)
+    ap.add_argument("--no-egemma", action="store_true", help="skip the EmbeddingGemma student")
+    ap.add_argument("--report", action="store_true", help="print the table of an earlier run")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    tasks = args.tasks.split(",")
+    if not args.report:
+        for i, task in enumerate(tasks, 1):
+            folder = out / task
+            print(f"[{i}/{len(tasks)}] {task}: {args.rows} rows", file=sys.stderr, flush=True)
+            data, q = write_task(task, args.rows, 0, folder)
+            distill(task, folder / "static", data, q, "--student", "static", "--middle", MIDDLE)
+            if not args.no_egemma:
+                (folder / "egemma").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / "static" / "teacher.jsonl", folder / "egemma" / "teacher.jsonl")
+                distill(task, folder / "egemma", data, q, "--model", "embeddinggemma-300m", "--kind", "classes")
+            result = measure(folder, not args.no_egemma)
+            result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            (folder / "result.json").write_text(json.dumps(result, indent=1))
+    print(table([json.loads((out / t / "result.json").read_text()) for t in tasks]))
+
+
+if __name__ == "__main__":
+    main()
