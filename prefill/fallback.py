@@ -86,9 +86,16 @@ def failure_kind(reason: str) -> str:
     return kind if kind in FallbackError.KINDS else "other"
 
 
+def server_root(url: str) -> str:
+    """A server's root from a base URL written either way: `http://host:8080` or, as OpenAI-compatible clients
+    and vLLM's docs write it, `http://host:8080/v1` (the paths asked begin with /v1 themselves)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 class _Remote:
     def __init__(self, url: str, *, model: str, api_key: str | None = None, timeout: float = 10.0):
-        self.url = url.rstrip("/")
+        self.url = server_root(url)
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout, headers=headers)

@@ -349,6 +349,7 @@ class FakeChatServer:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.garbled, self.refused, self.slow = set(garbled), set(refused), set(slow)
+        self.paths: list[str] = []
         self.asked: dict[tuple[str, str], int] = {}
         fake = self
 
@@ -358,7 +359,10 @@ class FakeChatServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                fake.paths.append(self.path)
                 status, reply = fake.reply(body["messages"][-1]["content"])
+                if self.path != "/v1/chat/completions":  # as a real server: nothing else is there
+                    status, reply = 404, {"error": "not found"}
                 data = json.dumps(reply).encode()
                 try:
                     self.send_response(status)
@@ -473,3 +477,19 @@ def test_a_teacher_that_is_down_is_said_with_its_reason_and_the_job_can_be_rerun
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "answered none of the training rows (60 down; the most common: down: http://127.0.0.1:9" in run.stderr
     assert "rerun the same command" in run.stderr and len((tmp_path / "h" / "teacher.jsonl").read_text().split()) > 30
+
+
+def test_a_teacher_url_written_with_v1_as_openai_clients_write_it_works_as_the_root_does():
+    """OpenAI-compatible clients (and vLLM's docs) write a server's base URL ending in /v1; prefill asks paths that
+    begin with /v1 themselves, so it takes either form (it asked /v1/v1/chat/completions and got 404s)."""
+    from prefill.fallback import remote
+
+    fake = FakeChatServer()
+    try:
+        for url in (fake.url, fake.url + "/v1", fake.url + "/v1/"):
+            teacher = remote(url, "openai", "--teacher-model", model="fake", timeout=5)
+            probs, _, failed = teacher.answers("row 0", {"kind": QUESTIONS["kind"]})
+            assert not failed and max(probs["kind"]) == probs["kind"][1]  # "bug"
+        assert set(fake.paths) == {"/v1/chat/completions"}
+    finally:
+        fake.close()

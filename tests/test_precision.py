@@ -425,3 +425,36 @@ def test_precision_says_what_runs_where_auto_int8_falls_back(tmp_path, tokenizer
     monkeypatch.setattr(prefill.build, "resolve_dtype", lambda asked: "int8")  # what auto picks on an AVX2 CPU
     assert Prefill(str(tmp_path), dtype="auto").dtype == "int8"
     assert Prefill(str(tmp_path), dtype="auto", route="encoder").dtype == "float32"
+
+
+def test_one_copy_of_each_weight_is_kept_and_the_plain_ones_read_back_when_asked(tmp_path, tokenizer):
+    """int8 (as bf16) serves from its own copy of each linear weight: the plain fp32 ones are dropped at load
+    (backends/weights.py), the answers unchanged; `restore` reads them back from the model's files (a LoRA to
+    merge or train needs them); /metrics reports the weights' size, one copy each, as served."""
+    from fastapi.testclient import TestClient
+
+    from prefill.api import Prefill
+    from prefill.backends import weights
+    from prefill.serving.app import create_app
+
+    from .helpers import make_model
+
+    make_model("qwen2", len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    pf = Prefill(str(tmp_path), dtype="int8", calibration=None)
+    model = pf.backend.model
+    released = [m for m in model.modules() if getattr(m, "_released", None)]
+    assert released and all(m.weight is None for m in released) and pf.backend.released_bytes > 0
+    before = pf.engine.ask(STATE, QUESTIONS)[0]
+    fresh = make_model("qwen2", len(tokenizer))
+    plain_bytes = sum(p.numel() * p.element_size() for p in fresh.parameters())
+    int8_elements = sum(m._released[2] for m in released)
+    assert pf.backend.weight_bytes == plain_bytes - 3 * int8_elements  # int8 linears: a byte an element, one copy
+    with TestClient(create_app(pf.engine)) as client:
+        assert f"prefill_model_weight_bytes {float(pf.backend.weight_bytes)}" in client.get("/metrics").text
+    assert weights.restore(model) == len(released)
+    expected = dict(fresh.named_parameters())
+    for name, module in model.named_modules():
+        if module in released:
+            assert torch.equal(module.weight, expected[f"{name}.weight"])
+    assert pf.engine.ask(STATE, QUESTIONS)[0] == before  # served from the int8 copies still

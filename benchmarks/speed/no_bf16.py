@@ -17,6 +17,10 @@ float64 (`exact_attention`), alternated with float64 twice.
 
 only loads the model in int8 and prints how far requests batched into shared passes answer from the same
 requests asked one by one, with each state run alone (as served) and with the states run side by side.
+
+    python -m benchmarks.speed.no_bf16 --versus-bf16 --model qwen2.5-coder-1.5b-instruct  # which is faster here
+
+int8 against bf16 on a CPU with bf16 units, both as served (exact), alternated: what `--dtype auto` should pick.
 """
 
 from __future__ import annotations
@@ -122,14 +126,45 @@ def batched(model: str) -> None:
         causal_lm.states_run_alone = served
 
 
+def versus_bf16(model: str, rounds: int = 4) -> None:
+    """int8 against bf16 (each as `--dtype auto` would serve it: exact) on this CPU, in one run: the SemIf
+    request (21 questions, fresh state) and one question, the two alternated `rounds` times; medians, and the
+    resident memory each adds to the process."""
+    import os
+
+    from prefill.bench.http import rss_mib
+
+    times: dict[tuple[str, int], list[float]] = {}
+    engines = {}
+    for dtype in ("bfloat16", "int8"):
+        before = rss_mib(os.getpid())
+        print(f"loading {model} in {dtype}", flush=True)
+        engines[dtype] = Prefill(model, dtype=dtype, calibration=None)
+        engines[dtype].engine.ask(STATE, nouls(2))
+        print(f"  {dtype}: {rss_mib(os.getpid()) - before:.0f} MiB more resident", flush=True)
+    for r in range(rounds):
+        for dtype, pf in engines.items():
+            for n in (21, 1):
+                times.setdefault((dtype, n), []).append(seconds(pf, nouls(n)))
+            print(f"round {r + 1}/{rounds}, {dtype}: {times[dtype, 21][-1]:.2f} s, {times[dtype, 1][-1]:.2f} s")
+    for dtype in engines:
+        print(
+            f"{dtype}: SemIf 21 questions {statistics.median(times[dtype, 21]):.2f} s, "
+            f"1 question {statistics.median(times[dtype, 1]):.2f} s (medians of {rounds})"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--per-tensor", action="store_true", help="PyTorch's dynamic quantisation instead of prefill's")
     ap.add_argument("--batched", action="store_true", help="only: batched requests vs one by one, in int8")
+    ap.add_argument("--versus-bf16", action="store_true", help="only: int8 against bf16, speed and memory, one run")
     args = ap.parse_args()
     if args.batched:
         return batched(args.model)
+    if args.versus_bf16:
+        return versus_bf16(args.model)
     print(f"loading {args.model} in fp32 (threads: {torch.get_num_threads()})", flush=True)
     pf = Prefill(args.model, dtype="float32", calibration=None)
     ref = measure(pf, "fp32")

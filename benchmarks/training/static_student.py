@@ -90,7 +90,7 @@ def sparrow(questions):
     from prefill.schema import answer_labels
 
     decider = Decider.load()
-    wire = {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions.items()}
+    wire = {qid: peer_question(q.model_dump(mode="json", exclude_none=True)) for qid, q in questions.items()}
 
     def answer_of(state):
         got = decider.ask(state if isinstance(state, str) else json.dumps(state), wire)
@@ -107,6 +107,17 @@ def sparrow(questions):
     return answer_of
 
 
+def peer_question(q: dict) -> dict:
+    """A question as sparrow-decider reads it: a choice's criteria as {name: description}, a yes/no one's as
+    {"true": ..., "false": ...}."""
+    criteria = q.get("criteria")
+    if q["type"] == "choice" and isinstance(criteria, list):
+        q["criteria"] = {name: name for name in criteria}
+    if q["type"] == "noul" and isinstance(criteria, dict):
+        q["criteria"] = {"true": criteria.get("yes", "yes"), "false": criteria.get("no", "no")}
+    return q
+
+
 def measure(folder: Path, egemma: bool) -> dict:
     import torch
 
@@ -118,8 +129,12 @@ def measure(folder: Path, egemma: bool) -> dict:
     result: dict = {"task": folder.name, "held_out_rows": len(held)}
     teacher_json = json.loads((folder / "static" / "distill.json").read_text())
     result["teacher"] = {
-        **scores(lambda s: {q: (entries.get(_row(held, s)) or {}).get("probs", {}).get(q) for q in questions},
-                 held, entries, questions),  # fmt: skip
+        **scores(
+            lambda s: {q: (entries.get(_row(held, s)) or {}).get("probs", {}).get(q) for q in questions},
+            held,
+            entries,
+            questions,
+        ),  # fmt: skip
         "seconds_per_question": (teacher_json["teacher_answers"]["seconds_per_row"] or 0) / len(questions),
     }
     student = StaticEngine(StaticStudent(folder / "static"))

@@ -70,7 +70,7 @@ def pack_linears(model: torch.nn.Module) -> int:
 
 
 def row_policies(model) -> None:
-    """`--exact` in bf16: each packed layer's row policy (backends/rowblocks.py), probed once per shape on this
+    """Exact bf16: each packed layer's row policy (backends/rowblocks.py), probed once per shape on this
     machine: the decoder's layers for passes of up to a chunk's tokens, the LM head for up to 512 rows read."""
     from . import rowblocks
 
@@ -132,7 +132,7 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-# `--exact` in bf16: the tree pass's products in calls of the row counts the kernel is exact on (rowblocks.py),
+# Exact bf16: a pass's products in calls of the row counts the kernel is exact on (rowblocks.py),
 # probed for passes of up to this many rows (CausalLMBackend's chunk budget) and for the LM head's rows read.
 EXACT_PASS_ROWS = 2048
 EXACT_HEAD_ROWS = 512
@@ -140,13 +140,14 @@ _FIXED_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("prefill_fixed
 
 
 def make_exact(model, dtype: str) -> None:
-    """`--exact` in bf16 on a CPU with bf16 units: a question's answer gets the same bits however it is
-    packed or its request batched. Attention runs in float64 (`exact_attention`), each state in a pass of its own
-    (`states_run_alone`), and the tree pass's products in fixed blocks of rows (`isolated`, rowblocks.py).
-    Without it bf16 answers move by up to a few hundredths with what is packed or batched beside them
-    (docs/measurements/cpu-precision.md#precision). It covers the packed tree pass, which every model that takes
-    attention masks runs; models run as rows (`backends/rows.py`: masks ignored, or a sliding window outrun) are not
-    covered."""
+    """Exact bf16 (the default on a CPU with bf16 units; `--exact off` leaves it plain): a question's answer gets
+    the same bits however it is packed or its request batched. Attention is the split one (`isolated_attention`),
+    each state runs in a pass of its own or first in its questions' pass (`states_run_alone`), and every pass's
+    products run in calls of the sizes the kernel is consistent on (`pack_linears` -> `row_policies`,
+    rowblocks.py). Without it bf16 answers move by up to a few hundredths with what is packed or batched beside
+    them (docs/measurements/cpu-precision.md#exact-by-default). It covers the packed tree pass, which every model
+    that takes attention masks runs; models run as rows (`backends/rows.py`: masks ignored, or a sliding window
+    outrun) are not covered."""
     if dtype != "bfloat16" or not can_pack(torch.bfloat16) or model.config._attn_implementation != "sdpa":
         raise ValueError(
             "--exact is for bf16 on a CPU with bf16 units (AMX or AVX-512 bf16) and SDPA attention; int8 is "
@@ -227,9 +228,9 @@ def to_int8(model) -> None:
 
 def isolated_attention(model) -> bool:
     """Attention in the tree pass that gives a question's tokens the same bits however they are packed: the
-    split attention (backends/exact.py: the state part in fp32, the chain part in float64), where this machine's
-    flash kernel gives a row the same bits whatever rows are beside it; else attention in float64 throughout
-    (`exact_attention`, several times slower). Whether either was set (the model attends through SDPA)."""
+    split attention (backends/exact.py), where this machine's flash kernel gives a row the same bits whatever
+    rows are beside it (checked here, once per model shape); else attention in float64 throughout
+    (`exact_attention`, slower). Whether either was set (the model attends through SDPA)."""
     from . import exact
 
     cfg = model.config.get_text_config(decoder=True)

@@ -5,16 +5,19 @@ sequence (the kernel blocks the keys by index), so a question's answer moves in 
 packed beside it; in bf16 or int8 the last bits cross a rounding step and the answer moves by hundredths. This
 splits each tree token's attention in two parts whose computation does not depend on the packing:
 
-- **the state part**: every tree token of a state attends to that state's keys in one fp32 flash-attention call
-  with no mask. The keys are the same tensor whatever is asked, and the kernel gives a query row the same bits
-  whatever other rows are in the call (`rows_are_independent` checks it at start-up on this machine);
-- **the chain part**: each token attends to its own ancestors in the tree (its question's prompt, its answer so
-  far), gathered per question and computed in float64, whose rounding differences are far below fp32's;
+- **the state part**: the tree tokens of a state attend to that state's keys in the CPU flash kernel, in blocks
+  of exactly QUERY_BLOCK query rows: the keys are the same tensor whatever is asked, and the kernel gives a row
+  the same bits whatever other rows share its block;
+- **the chain part**: each token attends to its own ancestors in the tree, laid out from the state down (a row
+  at depth d sees keys 0..d), in elements of CHAIN_ROWS rows whose key count depends only on the row's depth
+  (`key_size`): the kernel gives a row the same bits whatever the keys it does not see hold and whatever other
+  elements share the call;
 
-and merges the two by their log-sum-exp in float64, rounded once to the model's precision. The state part is
-most of the work and runs in fp32 at the kernel's speed; the chain part is a few dozen keys per token. Measured
-against float64 attention over the whole packed sequence (the earlier `--exact`) and against plain bf16:
-docs/measurements/cpu-precision.md#exact-by-default.
+merged elementwise by their log-sum-exps (`_shares`). `rows_are_independent` checks both properties on this
+machine at load, for the model's shape; where they fail, attention runs in float64 instead (cpu.exact_attention).
+A state's own tokens (its own pass, or the start of a pass that runs its questions after it: `prefix`) attend
+causally in one call whose shape is the state's alone (`state_itself`), so both give its keys the same bits.
+Measured against plain bf16 and the earlier float64 attention: docs/measurements/cpu-precision.md#exact-by-default.
 """
 
 from __future__ import annotations

@@ -2,19 +2,20 @@
 consistent on, found by asking it.
 
 oneDNN picks its bf16 kernel (and with it the order a row's sums are taken in) by the shape of the product, rows
-included: on the Xeon with AMX, a row of the 1,536 x 8,960 projection gets other bits in a pass of 32 rows than in
-one of 48 or more; the 8,960 x 1,536 one changes its mind up to 256 rows; the 1,536 x 1,536 one again past 704
-(python -m benchmarks.speed.fastpath --exact prints them). Fixed blocks of rows (every call exactly B rows)
-make a row's bits independent of the pass, but splitting a pass into many calls streams every weight once a call,
-and padding a small pass to B rows multiplies rows nobody asked about: blocks of 128 cost the 1.5B's 21-question
-request 17 % and its one-question request 20 %.
+included: on the Xeon with AMX a row of the 1,536 x 8,960 projection gets other bits in a call of 32 rows than in
+one of 48 or more; the 8,960 x 1,536 one is consistent from 48 rows to 112 and again from 256 on; the 1,536 x 1,536
+one from 64 to 752. Fixed blocks of rows (every call exactly B rows) make a row's bits independent of the pass,
+but splitting a pass into many calls streams every weight once a call, and padding a small pass multiplies rows
+nobody asked about: blocks of 128 cost the 1.5B's 21-question request 17 % and its one-question request 20 %.
 
-So for each shape of weight the model has, `probe` finds the row counts the kernel is consistent on: a block B and
-a most M such that every multiple of B up to M gives a row the same bits as blocks of B. A pass is then padded to
-a multiple of B and multiplied in calls of at most M rows: one call for most passes, the padding under B rows.
-Where the kernel never changes its mind (the AMD machine without AMX was seen so), B is 16 and M the whole pass.
-The probe multiplies random rows at every such count once per shape (a few seconds on the Xeon), and its findings
-are kept on disk for this CPU, torch and thread count (`~/.cache/prefill/rowblocks.json`).
+So for each shape of weight the model has, `probe` finds ranges of call sizes the kernel is consistent on: a
+least L and a most M such that every multiple of STEP rows from L to M gives a row the bits a call of L rows gives
+it, wherever the row sits. A pass is padded to L rows at least and multiplied in as few calls of at most M rows
+as it takes (`RowPolicy.calls`). Among the ranges found it keeps the one that slows the TYPICAL passes least
+relative to one plain call each, timed here. Where the kernel never changes its mind (the AMD machine without AMX
+was seen so), L is 16 and M the whole pass. The probe runs once per weight shape and machine, at the first load
+(tens of seconds for the 1.5B on the Xeon), and its findings are kept for this CPU, torch, thread count and
+precision (`~/.cache/prefill/rowblocks.json`).
 """
 
 from __future__ import annotations

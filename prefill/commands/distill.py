@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--teacher",
         default=None,
         metavar="URL",
-        help="the teacher's base URL: an OpenAI-compatible chat server (--teacher-kind openai: vLLM, "
-        "llama.cpp's server, Ollama, a hosted API) or a System One server",
+        help="the teacher's base URL, with or without /v1: an OpenAI-compatible chat server (--teacher-kind "
+        "openai: vLLM, llama.cpp's server, Ollama, a hosted API) or a System One server",
     )
     p.add_argument("--teacher-kind", default="openai", choices=["openai", "systemone"])
     p.add_argument(
