@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import loading
 from .backends.base import Backend, ReadoutUnsupported
 from .calibration import find_calibration, setup
 from .engine import Engine
-from .heads import Heads
 from .precision import asked_dtype, resolve_dtype, torch_dtype
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import Scoring, ways_asked
 from .settings import Settings
+
+if TYPE_CHECKING:  # torch modules: checking settings (every command) needs no torch
+    from .heads import Heads
 
 NO_READOUTS = (
     "trained readouts read the model's hidden states, which vLLM does not return for prompt tokens; "
@@ -164,6 +166,8 @@ def readout(backend: Backend, path: str | Path) -> Heads:
     adapter, the decoder's layer-by-layer pass)."""
     if not backend.reads_features:
         raise ReadoutUnsupported(NO_READOUTS)
+    from .heads import Heads
+
     heads = Heads.load(path, backend.readout_fingerprint)
     if heads.early is not None and not backend.exits_early or heads.adapter is not None and not backend.merges_adapters:
         raise ReadoutUnsupported(f"{path}: {NOT_THIS_ROUTE}")

@@ -16,16 +16,18 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import facts, schema
 from .backends.base import Backend, ReadoutUnsupported, RequestTooLarge
 from .calibration import Calibration, question_key
-from .heads import Heads
 from .render import Branches, render_text
 from .schema import Answer, AnyQuestion, Choice, ChoiceAnswer, Noul, NoulAnswer, ScoreAnswer, Usage, answer_labels
 from .scoring import DEFAULT as DEFAULT_SCORING
 from .scoring import PriorCache, Scoring, corrected, read_with_opposite, split_opposites
+
+if TYPE_CHECKING:  # a trained readout's heads are torch modules; the engine (and a static student) need no torch
+    from .heads import Heads
 
 log = logging.getLogger("prefill.engine")
 _BACKEND_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

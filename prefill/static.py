@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -112,17 +112,32 @@ class StaticStudent:
     def knows(self, q: AnyQuestion) -> bool:
         return signature(q) in self.taught
 
-    def features(self, state: Any) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], int]:
-        """A state's meaning and form (module docstring), and how many tokens it has."""
-        text = render_text(state)
-        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
-        return meaning(self.table, ids), form(ids, text), len(ids)
+    def features(self, states: Sequence[Any]) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray], int]]:
+        """Each state's meaning and form (module docstring), and how many tokens it has. The texts are tokenized
+        together (`encode_batch`: the tokenizer's threads, on every core), then each row on its own with the
+        same calls: a row's features are the same bits in a batch and alone."""
+        return read(self.tokenizer, self.table, [render_text(state) for state in states])
 
     def probabilities(self, state: Any, questions: Mapping[str, AnyQuestion]) -> tuple[dict[str, list[float]], int]:
         """Each question's distribution over its declared answers, and the tokens read. Every question must be
         one it knows (`knows`)."""
-        m, f, n = self.features(state)
-        return {qid: self.taught[signature(q)].distribution(m, f, answer_labels(q)) for qid, q in questions.items()}, n
+        return self.answer(self.features([state])[0], questions)
+
+    def answer(self, features, questions: Mapping[str, AnyQuestion], heads=None) -> tuple[dict[str, list[float]], int]:
+        """`probabilities` from a state's features; `heads`: each question's (Taught, answer labels), looked up
+        once for many rows."""
+        m, f, n = features
+        heads = heads or {qid: (self.taught[signature(q)], answer_labels(q)) for qid, q in questions.items()}
+        return {qid: heads[qid][0].distribution(m, f, heads[qid][1]) for qid in questions}, n
+
+
+def read(tokenizer, table: np.ndarray, texts: Sequence[str]) -> list[tuple[np.ndarray, tuple, int]]:
+    """Each text's meaning, form and token count (`StaticStudent.features`; training reads them the same way)."""
+    out = []
+    for text, encoding in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=False)):
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        out.append((meaning(table, ids), form(ids, text), len(ids)))
+    return out
 
 
 def meaning(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -141,7 +156,8 @@ def form(ids: np.ndarray, text: str) -> tuple[np.ndarray, np.ndarray]:
         pieces.append(ids[:-1] * 0x85EBCA77 + ids[1:] * 0xC2B2AE3D + 2)
     if len(raw) > 2:
         pieces.append(raw[:-2] * 0x27D4EB2F + raw[1:-1] * 0x165667B1 + raw[2:] * 0xD3A2646C + 3)
-    hashed = (np.concatenate(pieces) ^ (np.concatenate(pieces) >> 15)) % HASH_BUCKETS
+    mixed = np.concatenate(pieces)
+    hashed = (mixed ^ (mixed >> 15)) % HASH_BUCKETS
     buckets, counts = np.unique(hashed, return_counts=True)
     values = counts.astype(np.float32)
     values /= float(np.linalg.norm(values)) or 1.0
@@ -181,6 +197,9 @@ class StaticEngine:
     fallback: Any = None  # the next tier: an Engine (its `decide`, fallback and all) or a remote
     hand_off_below: float | None = None
     served_as: str | None = None
+    # `prefill batch`'s rows a group: each group's journal write is flushed to disk (fsync), which small groups of
+    # sub-millisecond rows would spend most of their time on
+    rows_per_batch: ClassVar[int] = 512
 
     def __post_init__(self) -> None:
         self.backend = StaticBackend(self.student)
@@ -216,14 +235,27 @@ class StaticEngine:
     def score_requests(self, requests) -> list[Scored | Exception]:
         """Each request's distributions for the questions the student knows (the rest are left for `conclude`
         to hand on, or refused here when there is no next tier)."""
-        out: list[Scored | Exception] = []
-        for state, questions, _ in map(EngineRequest._make, requests):
-            unknown = [qid for qid, q in questions.items() if not self.student.knows(q)]
+        asked: dict[int, tuple] = {}  # id(question) -> (Taught, labels), or None: looked up once for a batch
+        known_of: list[dict[str, AnyQuestion] | Exception] = []
+        for _, questions, _ in map(EngineRequest._make, requests):
+            for q in questions.values():
+                if id(q) not in asked:
+                    taught = self.student.taught.get(signature(q))
+                    asked[id(q)] = (taught, answer_labels(q)) if taught else None
+            unknown = [qid for qid, q in questions.items() if asked[id(q)] is None]
             if unknown and self.fallback is None:
-                out.append(ReadoutUnsupported(self._refusal(unknown)))
+                known_of.append(ReadoutUnsupported(self._refusal(unknown)))
+            else:
+                known_of.append({qid: q for qid, q in questions.items() if qid not in unknown})
+        rows = [i for i, known in enumerate(known_of) if known and not isinstance(known, Exception)]
+        features = dict(zip(rows, self.student.features([requests[i][0] for i in rows])))
+        out: list[Scored | Exception] = []
+        for i, known in enumerate(known_of):
+            if isinstance(known, Exception):
+                out.append(known)
                 continue
-            known = {qid: q for qid, q in questions.items() if qid not in unknown}
-            probs, n = self.student.probabilities(state, known) if known else ({}, 0)
+            heads = {qid: asked[id(q)] for qid, q in known.items()}
+            probs, n = self.student.answer(features[i], known, heads) if known else ({}, 0)
             self.backend.tokens_run += n
             out.append(Scored(probs, n, [], []))
         return out

@@ -182,3 +182,50 @@ def test_metrics_need_the_key_when_keys_are_set(tiny_model, tokenizer):
     with TestClient(create_app(Engine(make_backend(tiny_model, tokenizer)), api_keys=["k1"])) as c:
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers={"Authorization": "Bearer k1"}).status_code == 200
+
+
+def test_memory_is_handed_back_once_after_a_burst_never_between_its_requests(monkeypatch):
+    """on_idle (the allocator's hand-back in the server) runs once the queue has stayed empty IDLE_S after work:
+    never while requests follow each other closely, never twice for one burst, never before any work."""
+    from prefill.engine import EngineRequest
+    from prefill.serving import scheduler as scheduling
+
+    monkeypatch.setattr(scheduling, "IDLE_S", 0.3)
+    calls: list[float] = []
+
+    class Engine:
+        def score_requests(self, requests):
+            time.sleep(0.02)
+            return [object() for _ in requests]
+
+    s = scheduling.Scheduler(on_idle=lambda: calls.append(time.monotonic()))
+    engine = Engine()
+    time.sleep(0.5)
+    assert calls == []  # no work yet
+    ended = None
+    for _ in range(10):  # a burst: each request submitted as the last one is answered
+        s.submit(engine, EngineRequest("state", {}, None)).future.result(5)
+        ended = time.monotonic()
+    time.sleep(1.0)
+    assert len(calls) == 1 and calls[0] - ended >= 0.3  # once, after the queue stayed empty
+    s.submit(engine, EngineRequest("state", {}, None)).future.result(5)
+    time.sleep(0.6)
+    assert len(calls) == 2  # the next burst is handed back too
+    s.close()
+
+
+def test_the_allocator_hands_freed_memory_back():
+    """glibc keeps up to KEEP_FREED bytes freed in its heap (allocator.tune); hand_back returns them."""
+    from prefill.backends import allocator
+
+    def rss_mib() -> float:
+        status = open("/proc/self/status").read()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+    if not allocator.tune():
+        pytest.skip("not glibc")
+    blocks = [bytearray(4 << 20) for _ in range(40)]  # 160 MB from the heap (under the 32 MB mmap threshold)
+    del blocks
+    kept = rss_mib()
+    assert allocator.hand_back()
+    assert rss_mib() < kept - 100

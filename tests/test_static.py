@@ -250,3 +250,32 @@ def test_distill_static_end_to_end_resumed_then_served_over_http_and_in_batch(to
     )  # fmt: skip
     assert batch.returncode == 0, batch.stderr
     assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 40
+
+
+def test_a_batch_the_student_answers_alone_loads_no_model_and_no_torch(student, tmp_path):
+    """`prefill batch --readout STUDENT --student-below 0` over questions it was taught: the student answers every
+    row by itself, with no model loaded (the named model does not even exist) and torch never imported; with a
+    hand-off threshold, or a question it was not taught, the model behind it is needed."""
+    from prefill.commands.batch import static_alone
+    from prefill.settings import Settings
+
+    alone = Settings(model="no-such-model", readouts=((None, str(student)),), student_below=0)
+    assert isinstance(static_alone(alone, QUESTIONS), StaticEngine)
+    assert static_alone(alone.replace(student_below=None), QUESTIONS) is None
+    assert static_alone(alone, {**QUESTIONS, "new": Noul("Is it spam?")}) is None
+    data, q, out = tmp_path / "rows.jsonl", tmp_path / "q.json", tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(12)))
+    q.write_text(json.dumps({k: v.model_dump(mode="json", exclude_none=True) for k, v in QUESTIONS.items()}))
+    args = ["batch", str(data), "--questions", f"@{q}", "--state-field", "text", "--model", "no-such-model"]
+    args += ["--readout", str(student), "--student-below", "0", "--out", str(out)]
+    code = f"import sys; from prefill.cli import main; rc = main({args!r}); print('torch' in sys.modules); sys.exit(rc)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "False"
+    engine = StaticEngine(StaticStudent(student))
+    for line, text in zip(out.read_text().splitlines(), texts(12)):
+        row = json.loads(line)
+        answers = engine.decide(text, QUESTIONS).answers
+        assert row["kind"] == answers["kind"].choice and row["urgent"] == answers["urgent"].noul
+        kind = [row[f"kind.p.{k}"] for k in ("billing", "bug", "praise")]
+        assert kind == list(answers["kind"].probabilities.values())

@@ -42,17 +42,21 @@ CATEGORIES = [
     "consulting", "other",
 ]  # fmt: skip
 EXTRA = {
-    "category": {"type": "choice", "instructions": "Which merchant category is this about?", "criteria": CATEGORIES},
+    "category": {
+        "type": "choice",
+        "instructions": "Which merchant category is this about?",
+        "criteria": dict.fromkeys(CATEGORIES),
+    },
     "fraud": {
         "type": "choice",
         "instructions": "How should this case be filed?",
-        "criteria": ["fraud", "fraud review", "not fraud"],
+        "criteria": dict.fromkeys(["fraud", "fraud review", "not fraud"]),
     },
     "chinese": {"type": "noul", "instructions": "客户是否要求退款？"},
     "urgent": {
         "type": "noul",
         "instructions": "Is this urgent?",
-        "criteria": {"yes": "money lost, an outage, a deadline today", "no": "anything else"},
+        "criteria": {"true": "money lost, an outage, a deadline today", "false": "anything else"},
     },
 }
 
@@ -73,12 +77,16 @@ def pool() -> tuple[list[str], list[tuple[str, dict]]]:
 
 
 def requests(n: int, seed: int = 0) -> list[dict]:
+    """`n` requests, each valid on the wire (checked here: a request refused with a 422 would cost nothing)."""
+    from prefill.schema import SystemOneRequest
+
     states, questions = pool()
     rng = random.Random(seed)
     out = []
     for i in range(n):
         asked = dict(rng.sample(questions, rng.randint(1, min(21, len(questions)))))
         out.append({"model": "jev-latest", "state": f"Case {i}: {rng.choice(states)}", "questions": asked})
+        SystemOneRequest.model_validate(out[-1])
     return out
 
 
@@ -115,7 +123,7 @@ def measure(serve: str, n: int, model: str | None) -> dict:
     extra = shlex.split(serve)
     print(f"memory: starting prefill serve {serve or '(defaults)'}", file=sys.stderr, flush=True)
     with served(model, *extra) as (url, pid):
-        described = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
+        described = httpx.get(f"{url}/v1/models", timeout=10).json()["models"][0]
         loaded, weights = rss_mib(pid), weights_mib(url)
         print(
             f"  loaded: {loaded:.0f} MiB resident, weights {weights:.0f} MiB; {n} requests", file=sys.stderr, flush=True
@@ -126,7 +134,7 @@ def measure(serve: str, n: int, model: str | None) -> dict:
         settled, peak = rss_mib(pid), hwm_mib(pid)
     return {
         "serve": serve,
-        "model": described.get("description") or described["id"],
+        "model": described.get("description") or described["name"],
         "requests": n,
         "weights_mib": round(weights),
         "statuses": statuses,

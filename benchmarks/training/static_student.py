@@ -8,6 +8,7 @@ same questions about the same held-out rows, training-free.
 
     python -m benchmarks.training.static_student --out out/static                 # ~45 min on 2 cores
     python -m benchmarks.training.static_student --out out/static --report        # the table again
+    python -m benchmarks.training.static_student --out out/static --measure       # the students measured again
     python -m benchmarks.training.static_student --out out/static --tasks language --rows 120 --no-egemma  # smoke
 
 Every step says what it does and how far it is; a rerun reuses the teacher's journals (`prefill distill` resumes).
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.training.distill_tasks import write_task
 
-TASKS = ("lists", "language", "emails")
+TASKS = ("lists", "packages", "language", "emails")
 TEACHER = "qwen2.5-coder-1.5b-instruct"
 MIDDLE = "qwen2.5-coder-0.5b-instruct"
 
@@ -67,6 +68,7 @@ def scores(answer_of, held, entries, questions) -> dict:
     from prefill.evaluation.metrics import argmax
 
     agree = right = gold = n = 0
+    parted = {"questions": 0, "student_right": 0, "teacher_right": 0}  # where the two part, who is right (gold)
     for row in held:
         teacher = (entries.get(row.index) or {}).get("probs") or {}
         mine = answer_of(row.state)
@@ -77,8 +79,18 @@ def scores(answer_of, held, entries, questions) -> dict:
             agree += argmax(mine[qid]) == argmax(teacher[qid])
             if row.gold.get(qid) is not None:
                 gold += 1
-                right += argmax(mine[qid]) == gold_index(q, row.gold[qid])
-    return {"questions": n, "agreement": agree / n if n else None, "accuracy": right / gold if gold else None}
+                truth = gold_index(q, row.gold[qid])
+                right += argmax(mine[qid]) == truth
+                if argmax(mine[qid]) != argmax(teacher[qid]):
+                    parted["questions"] += 1
+                    parted["student_right"] += argmax(mine[qid]) == truth
+                    parted["teacher_right"] += argmax(teacher[qid]) == truth
+    return {
+        "questions": n,
+        "agreement": agree / n if n else None,
+        "accuracy": right / gold if gold else None,
+        "parted": parted,
+    }
 
 
 def sparrow(questions):
@@ -173,16 +185,18 @@ def _row(held, state) -> int:
 
 
 def batch_rate(folder: Path, copies: int = 25) -> float:
-    """`prefill batch --readout` with the static student over the task's rows (repeated to a few thousand),
-    2 cores: rows a second, the process's start and load included."""
+    """`prefill batch --readout --student-below 0` with the static student over the task's rows (repeated to a
+    few thousand), 2 cores: rows a second, the process's start and load included. The student answers alone:
+    no model is loaded (commands/batch.py `static_alone`)."""
     rows = (folder / "rows.jsonl").read_text().splitlines() * copies
     data = folder / "batch-rows.jsonl"
     data.write_text("\n".join(rows) + "\n")
     out = folder / "batch-out.jsonl"
+    out.unlink(missing_ok=True)  # measured again: prefill batch refuses to overwrite a finished output
     started = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "prefill.cli", "batch", str(data), "--questions", f"@{folder / 'questions.json'}",
-         "--state-field", "text", "--readout", str(folder / "static"), "--out", str(out)],
+         "--state-field", "text", "--readout", str(folder / "static"), "--student-below", "0", "--out", str(out)],
         check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "2"},
     )  # fmt: skip
     seconds = time.perf_counter() - started
@@ -192,20 +206,23 @@ def batch_rate(folder: Path, copies: int = 25) -> float:
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| task | who | agreement with the teacher | accuracy (gold) | seconds a question: p50 / p99 | memory |",
-        "|---|---|---|---|---|---|",
+        "| task | who | agreement with the teacher | accuracy (gold) | where it parts from the teacher: it / "
+        "the teacher right | seconds a question: p50 / p99 | memory |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t = r["teacher"]
-        lines.append(f"| {r['task']} | teacher (1.5B, bf16) | - | {t['accuracy']:.3f} | "
-                     f"{t['seconds_per_question']:.2f} s (mean, 2 cores) | 3.1 GB |")  # fmt: skip
+        lines.append(f"| {r['task']} | teacher (1.5B, bf16) | - | {t['accuracy']:.3f} | - | "
+                     f"{t['seconds_per_question']:.2f} s (mean, 2 cores) | 3.3 GiB (bf16 weights) |")  # fmt: skip
         for who, label in (("egemma", "EmbeddingGemma student"), ("static", "static student"),
                            ("sparrow", "sparrow-decider 0.2.0 (training-free)")):  # fmt: skip
             if who not in r:
                 continue
             s = r[who]
             memory = f"{s['bytes'] / 2**20:.1f} MB" if "bytes" in s else "2.2 MB (its model)"
-            lines.append(f"| {r['task']} | {label} | {s['agreement']:.3f} | {s['accuracy']:.3f} | "
+            p = s.get("parted") or {}
+            parted = f"{p['student_right']} / {p['teacher_right']} of {p['questions']}" if p else ""
+            lines.append(f"| {r['task']} | {label} | {s['agreement']:.3f} | {s['accuracy']:.3f} | {parted} | "
                          f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f} ms (one core) | {memory} |")  # fmt: skip
     lines.append("")
     lines.append("| task | static student in `prefill batch` (2 cores) | three tiers for 90 % | for 95 % |")
@@ -231,6 +248,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=400)
     ap.add_argument("--no-egemma", action="store_true", help="skip the EmbeddingGemma student")
     ap.add_argument("--report", action="store_true", help="print the table of an earlier run")
+    ap.add_argument("--measure", action="store_true", help="measure the students of an earlier run again")
     args = ap.parse_args(argv)
     out = Path(args.out)
     tasks = args.tasks.split(",")
@@ -239,8 +257,9 @@ def main(argv=None) -> None:
             folder = out / task
             print(f"[{i}/{len(tasks)}] {task}: {args.rows} rows", file=sys.stderr, flush=True)
             data, q = write_task(task, args.rows, 0, folder)
-            distill(task, folder / "static", data, q, "--student", "static", "--middle", MIDDLE)
-            if not args.no_egemma:
+            if not args.measure:
+                distill(task, folder / "static", data, q, "--student", "static", "--middle", MIDDLE)
+            if not args.no_egemma and not args.measure:
                 (folder / "egemma").mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(folder / "static" / "teacher.jsonl", folder / "egemma" / "teacher.jsonl")
                 distill(task, folder / "egemma", data, q, "--model", "embeddinggemma-300m", "--kind", "classes")

@@ -93,8 +93,10 @@ class CausalLMBackend(HiddenStates, Backend):
         passes = ("state pass", "tree pass", "state and tree pass", "answer log-probabilities")
         self.seconds = dict.fromkeys(passes, 0.0)  # where time goes
         self._all_layers = list(model.get_decoder().layers)
-        self.packed_linears = pack_linears(self.model)  # bf16 on a CPU with bf16 units: see backends/cpu.py
-        self.released_bytes = weights.release(self.model)  # one copy of each weight: backends/weights.py
+        # bf16 on a CPU with bf16 units (backends/cpu.py), one copy of each weight (backends/weights.py)
+        self.packed_linears = pack_linears(self.model, release=weights.releaser(self.model))
+        weights.release(self.model)  # int8 layers' plain weights, which packing does not touch
+        self.released_bytes = weights.released_bytes(self.model)
         self.weight_bytes = weights.served_bytes(self.model)
 
     @property

@@ -16,12 +16,8 @@ tried, with the row hint 64 best (`python -m benchmarks.speed.fastpath --micro`)
 memory of the linear weights, so serving drops the plain ones (backends/weights.py). Only inference is packed:
 with gradients on (LoRA training) the layer runs from its plain weight, read back for it.
 
-Once the products are fast, fresh memory costs: glibc serves every allocation over its mmap threshold
-(128 KB, rising to at most 32 MB) with new pages from the kernel, which fault and are zeroed on first touch,
-and a pass allocates many such activations. Raising the threshold to 32 MB and keeping up to 256 MB of freed
-memory for the next pass (`tune_allocator`; the same as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the
-environment) took a measurable share off the SemIf request in bf16 (docs/measurements/cpu-precision.md); kept to
-256 MB (it was 1 GB), a burst's memory goes back to the system after it (docs/measurements/serving-under-load.md).
+Once the products are fast, fresh memory costs: the allocator is tuned to keep freed memory for the next pass,
+and handed back after a burst (backends/allocator.py).
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..precision import has_bf16_units
+from . import allocator
 
 PACK_ROWS_HINT = 64
 
@@ -48,22 +45,27 @@ def can_pack(dtype: torch.dtype) -> bool:
     )
 
 
-def pack_linears(model: torch.nn.Module) -> int:
+def pack_linears(model: torch.nn.Module, release=None) -> int:
     """Give every CPU bf16 `nn.Linear` in `model` a oneDNN-reordered copy of its weight, used whenever it
     runs without gradients; returns how many were packed. Call again after the weights change (a LoRA
-    merged): each layer is re-packed, or re-quantised (int8: `quantize_linears`), from its current weight."""
+    merged): each layer is re-packed, or re-quantised (int8: `quantize_linears`), from its current weight.
+    `release(name, module)`: called on each layer once packed (backends/weights.py `releaser`)."""
     for module in model.modules():
         if hasattr(module, "_int8"):
             _quantize(module)
     count = 0
     if can_pack(next(model.parameters()).dtype):
-        tune_allocator()
-    for module in model.modules():
-        if type(module) is torch.nn.Linear and module.weight.device.type == "cpu" and can_pack(module.weight.dtype):
+        allocator.tune()
+    for name, module in model.named_modules():
+        if type(module) is not torch.nn.Linear or module.weight is None:
+            continue
+        if module.weight.device.type == "cpu" and can_pack(module.weight.dtype):
             with torch.no_grad():
                 module._packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
             module.forward = types.MethodType(_packed_forward, module)
             count += 1
+        if release is not None:
+            release(name, module)
     if count and getattr(model, "_prefill_exact_rows", False):
         row_policies(model)
     return count
@@ -91,28 +93,6 @@ def row_policies(model) -> None:
             found.update({(is_head, *k): v for k, v in policies.items()})
     for m in layers:
         m._rows = found[(m is head, m.in_features, m.out_features)]
-
-
-def tune_allocator() -> bool:
-    """glibc: serve allocations up to 32 MB from the heap and keep up to KEEP_FREED bytes freed there (see the
-    module docstring); process-wide, once, only where the C library is glibc. Returns whether it was applied."""
-    global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED is None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6")
-            M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-            _ALLOCATOR_TUNED = bool(
-                libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
-            )
-        except (OSError, AttributeError):
-            _ALLOCATOR_TUNED = False
-    return _ALLOCATOR_TUNED
-
-
-_ALLOCATOR_TUNED: bool | None = None
-KEEP_FREED = 256 << 20  # a 21-question pass's activations on the 1.5B fit in it
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -221,7 +201,7 @@ def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def to_int8(model) -> None:
     """`--dtype int8` on a model loaded in fp32: the decoder's linears in int8 (the LM head stays fp32) and
-    attention in float64; the two halves of int8 answers that do not move with their neighbours."""
+    isolated attention; the two halves of int8 answers that do not move with their neighbours."""
     quantize_linears(model.get_decoder())
     isolated_attention(model)
 

@@ -22,21 +22,36 @@ RUNNING_COPIES = ("_packed", "_int8")
 def release(model) -> int:
     """Drop the plain weight of every layer that runs from a copy of its own; the bytes freed. Only for a model
     whose weights are files on this machine (`restore` reads them from there)."""
+    drop = releaser(model)
+    return sum(drop(name, module) for name, module in model.named_modules()) if drop else 0
+
+
+def releaser(model):
+    """`drop(name, module)`: release one layer's plain weight once it has a running copy (the bytes freed); None
+    where the weights are not files to read back. `cpu.pack_linears` calls it as it packs each layer, so the
+    whole model is never held plain and packed at once: the 1.5B's load peaked at 6.7 GB of anonymous memory
+    for 3.4 GB of weights that way, and stays near the weights now."""
     if not _files(model):
-        return 0
+        return None
     shared = {p.data_ptr() for p in model.get_input_embeddings().parameters()}
     head = model.get_output_embeddings()  # its rows are read for the answers' exact logits (cpu.exact_logits)
-    freed = 0
-    for name, module in model.named_modules():
+
+    def drop(name: str, module) -> int:
         weight = getattr(module, "weight", None)
         if weight is None or module is head or weight.data_ptr() in shared:
-            continue
+            return 0
         if not any(hasattr(module, c) for c in RUNNING_COPIES):
-            continue
-        freed += weight.numel() * weight.element_size()
+            return 0
         module._released = (f"{name}.weight", weight.dtype, weight.numel())
         module.register_parameter("weight", None)
-    return freed
+        return weight.numel() * weight.element_size()
+
+    return drop
+
+
+def released_bytes(model) -> int:
+    """The bytes of the plain weights released (read back by `restore` when needed)."""
+    return sum(m._released[2] * m._released[1].itemsize for m in model.modules() if getattr(m, "_released", None))
 
 
 def restore(model) -> int:

@@ -7,6 +7,7 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..settings import Settings
 from .common import add_rows_arguments, build_prefill, read_arg
@@ -28,7 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["skip", "stop"],
         help="a row that cannot be answered: record it in prefill_error and go on, or stop (default skip)",
     )
-    p.add_argument("--batch-size", type=int, default=16, help="rows run together in shared passes (default 16)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows run together in shared passes, and journaled together (default 16; 512 for a static student "
+        "alone, whose rows take well under a millisecond each)",
+    )
     p.add_argument(
         "--ray",
         nargs="?",
@@ -45,9 +52,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def engine(settings: Settings):
-    """The engine the settings describe (picklable as functools.partial(engine, settings): Ray actors)."""
-    return build_prefill(settings, "batch").engine
+def engine(settings: Settings, questions=None):
+    """The engine the settings describe (picklable as functools.partial(engine, settings, questions): Ray
+    actors): a static student alone where it needs no model behind it (`static_alone`), else the model's."""
+    return static_alone(settings, questions) or build_prefill(settings, "batch").engine
+
+
+def static_alone(settings: Settings, questions) -> Any:
+    """A static student (`--readout` from `prefill distill --student static`) that was taught every one of
+    `questions` and hands nothing on (`--student-below 0`) answers alone: no model is loaded, and with it
+    neither torch, so a batch runs at the student's own speed (docs/training.md). None where a model is needed."""
+    from ..static import StaticEngine, StaticStudent, is_static
+
+    if settings.student_below != 0 or len(settings.readouts) != 1 or not questions:
+        return None
+    name, path = settings.readouts[0]
+    if not is_static(path):
+        return None
+    student = StaticStudent(path)
+    if not all(student.knows(q) for q in questions.values()):
+        return None
+    return StaticEngine(student, served_as=name)
 
 
 def run(settings: Settings, args) -> int:
@@ -68,7 +93,7 @@ def run(settings: Settings, args) -> int:
             local, answer = (
                 None,
                 ray_answers(
-                    functools.partial(engine, settings),
+                    functools.partial(engine, settings, questions),
                     questions,
                     args.state_field,
                     actors=args.ray_actors,
@@ -76,7 +101,7 @@ def run(settings: Settings, args) -> int:
                 ),
             )
         else:
-            local, answer = engine(settings), None
+            local, answer = engine(settings, questions), None
         summary = run_batch(
             local,
             source,
@@ -84,7 +109,7 @@ def run(settings: Settings, args) -> int:
             out,
             state_field=args.state_field,
             on_error=args.on_error,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or getattr(local, "rows_per_batch", 16),
             answer=answer,
         )
     except (BatchError, ModelNotFound, OSError, json.JSONDecodeError) as e:  # RowFailed: the job; the rest: usage

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ..backends import allocator
 from ..backends.base import ReadoutUnsupported
 from ..engine import Engine, EngineRequest, RequestTooLarge
 from ..schema import ModelInfo, ModelList, SystemOneRequest, SystemOneResponse
@@ -124,6 +125,7 @@ def create_app(
         max_batch=max_batch,
         batching=batching,
         on_batch=lambda n, _seconds: telemetry.batch.observe(n),
+        on_idle=allocator.hand_back,  # a burst's memory back to the system once it is over
     )
     app.state.scheduler = scheduler
     app.state.prefill = _Context(slot, scheduler, telemetry, [k.encode() for k in api_keys if k])

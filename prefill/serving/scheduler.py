@@ -32,6 +32,11 @@ if TYPE_CHECKING:  # for annotations only: the command line reads this module's 
 # official SDK's 10 s timeout; a longer queue only makes every accepted request slower (`python -m
 # benchmarks.speed.load`, docs/measurements/serving-under-load.md).
 DEFAULT_MAX_QUEUE = 4 * (os.cpu_count() or 2)
+# After a burst, how long the queue stays empty before on_idle runs: long enough that back-to-back requests
+# (a client's next one arrives within milliseconds) never pay for it.
+IDLE_S = 1.0
+IDLE: list = []  # _take's answer when the queue has been empty IDLE_S after work
+
 # A safety net past the queue bound: a request still waiting after 30 s is dropped with 503.
 DEFAULT_MAX_WAIT_S = 30.0
 # At most 8 requests a batch: on a CPU a batch costs a little less than its requests alone, and more in a
@@ -76,12 +81,15 @@ class Scheduler:
         max_batch: int = DEFAULT_MAX_BATCH,
         batching: bool = True,
         on_batch=None,
+        on_idle=None,
     ):
         if max_queue < 1 or max_batch < 1 or max_wait_s <= 0:
             raise ValueError("max_queue and max_batch must be at least 1, max_wait_s positive")
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.max_batch = max_batch if batching else 1
         self.on_batch = on_batch  # called with (requests in the batch, seconds) after each batch
+        self.on_idle = on_idle  # called once the queue has been empty IDLE_S after work (the allocator hands back)
+        self._worked = False  # a batch ran since on_idle was last called
         self._queue: deque[Job] = deque()
         self._running = 0  # requests in the batch the worker is running
         self._cond = threading.Condition()
@@ -133,7 +141,11 @@ class Scheduler:
         """The oldest live job and, up to max_batch, the other waiting jobs for the same engine."""
         with self._cond:
             while not self._queue and not self._closed:
-                self._cond.wait()
+                if not (self._worked and self.on_idle):
+                    self._cond.wait()
+                elif not self._cond.wait(IDLE_S) and not self._queue and not self._closed:
+                    self._worked = False
+                    return IDLE
             if not self._queue:
                 self._worker = None
                 return None
@@ -161,8 +173,12 @@ class Scheduler:
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
+            if batch is IDLE:
+                self.on_idle()
+                continue
             if not batch:
                 continue
+            self._worked = True
             start = time.monotonic()
             try:
                 found: list[Scored | Exception] = batch[0].engine.score_requests([j.request for j in batch])

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..schema import AnyQuestion, answer_labels
-from ..static import CONFIG, FORMAT, HASH_BUCKETS, TOKENIZER, WEIGHTS, form, meaning, signature
+from ..static import CONFIG, FORMAT, HASH_BUCKETS, TOKENIZER, WEIGHTS, read, signature
 
 DIMS = 256
 SIF = 1e-4
@@ -98,13 +98,11 @@ def features(student_table: np.ndarray, tokenizer_file: Path, states: Sequence[A
     tokenizer.no_padding()
     tokenizer.no_truncation()
     table32 = student_table.astype(np.float32)
-    out = np.zeros((len(states), table32.shape[1] + HASH_BUCKETS), dtype=np.float32)
-    for i, state in enumerate(states):
-        text = render_text(state)
-        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
-        out[i, : table32.shape[1]] = meaning(table32, ids)
-        buckets, values = form(ids, text)
-        out[i, table32.shape[1] + buckets] = values
+    dims = table32.shape[1]
+    out = np.zeros((len(states), dims + HASH_BUCKETS), dtype=np.float32)
+    for i, (m, (buckets, values), _) in enumerate(read(tokenizer, table32, [render_text(s) for s in states])):
+        out[i, :dims] = m
+        out[i, dims + buckets] = values
     return out
 
 
