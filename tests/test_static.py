@@ -17,7 +17,7 @@ import pytest
 from prefill.backends.base import ReadoutUnsupported
 from prefill.schema import Choice, Noul, Score
 from prefill.static import StaticEngine, StaticStudent, form, is_static, signature
-from prefill.training import distill
+from prefill.training import distill, tiers
 from prefill.training import static as training
 
 from .helpers import make_model, tiny_bert
@@ -146,13 +146,13 @@ def test_the_form_features_are_one_bag_whatever_else_is_asked():
 
 def test_three_tiers_cascade_as_defined():
     records = [
-        distill.tier_record([0.9, 0.1], [0.9, 0.1], [1.0, 0.0], 0.001, 0.1),  # student sure and right
-        distill.tier_record([0.55, 0.45], [0.2, 0.8], [0.0, 1.0], 0.001, 0.1),  # student unsure and wrong, middle right
-        distill.tier_record([0.5, 0.5], [0.6, 0.4], [0.0, 1.0], 0.001, 0.1),  # both unsure and wrong
+        tiers.tier_record([0.9, 0.1], [0.9, 0.1], [1.0, 0.0], 0.001, 0.1),  # student sure and right
+        tiers.tier_record([0.55, 0.45], [0.2, 0.8], [0.0, 1.0], 0.001, 0.1),  # student unsure and wrong, middle right
+        tiers.tier_record([0.5, 0.5], [0.6, 0.4], [0.0, 1.0], 0.001, 0.1),  # both unsure and wrong
     ]
-    tiers = distill.three_tiers(records, teacher_seconds=2.0, steps=10, targets=(0.6, 1.0))
-    assert tiers["alone"]["student"] == pytest.approx(1 / 3) and tiers["alone"]["middle"] == pytest.approx(2 / 3)
-    cheapest_60, all_right = tiers["targets"]
+    found = tiers.three_tiers(records, teacher_seconds=2.0, steps=10, targets=(0.6, 1.0))
+    assert found["alone"]["student"] == pytest.approx(1 / 3) and found["alone"]["middle"] == pytest.approx(2 / 3)
+    cheapest_60, all_right = found["targets"]
     assert cheapest_60["agreement"] >= 0.6 and cheapest_60["teacher"] == 0  # reached without the teacher
     assert all_right["agreement"] == 1.0 and all_right["teacher"] == pytest.approx(1 / 3)
     assert all_right["seconds"] == pytest.approx(0.001 + (0.1 * 2) / 3 + 2.0 / 3)

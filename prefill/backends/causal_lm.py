@@ -97,6 +97,8 @@ class CausalLMBackend(HiddenStates, Backend):
         self.packed_linears = pack_linears(self.model, release=weights.releaser(self.model))
         weights.release(self.model)  # int8 layers' plain weights, which packing does not touch
         self.released_bytes = weights.released_bytes(self.model)
+        if self.released_bytes:
+            weights.own_memory(self.model)  # what is left, off the file's mapping
         self.weight_bytes = weights.served_bytes(self.model)
 
     @property

@@ -49,6 +49,20 @@ def releaser(model):
     return drop
 
 
+def own_memory(model) -> int:
+    """Copy the fp32 parameters left after `release` into the process's own memory; how many. transformers maps
+    an fp32 file and keeps fp32 tensors as views of it, so in int8 the embedding, the LM head and the norms
+    kept the whole 7 GB file mapped, with the pages of every released weight resident beside them (RSS 6.9 GB,
+    5.1 GB of it the file's, for 3 GB of served weights); copied, the mapping goes."""
+    count = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype == torch.float32:
+                p.data = p.data.clone()
+                count += 1
+    return count
+
+
 def released_bytes(model) -> int:
     """The bytes of the plain weights released (read back by `restore` when needed)."""
     return sum(m._released[2] * m._released[1].itemsize for m in model.modules() if getattr(m, "_released", None))

@@ -48,6 +48,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.95,
         help="the cascade's target: the threshold escalating fewest questions that reaches it",
     )
+    add_student_arguments(p)
+    add_kind_argument(p, "auto", more_help=" on the training rows")
+    p.add_argument(
+        "--no-curve",
+        action="store_true",
+        help="skip the learning curve (the head refitted on a quarter and a half of the training rows, scored "
+        "on the held-out ones beside the head trained on all: whether asking the teacher more rows would pay)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--out",
+        required=True,
+        help="a folder: the head (what prefill serve --readout takes), teacher.jsonl (rerun the same "
+        "command to continue) and distill.json (the report)",
+    )
+
+
+def add_student_arguments(p: argparse.ArgumentParser) -> None:
+    """What the student is: a head on a model, or a static student (with its table and its cascade's middle)."""
     p.add_argument(
         "--student",
         default="model",
@@ -68,20 +87,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="--student static: the base model the report's three-tier cascade measures between the student and "
         "the teacher (auto: --model, else the default model; none: two tiers)",
-    )
-    add_kind_argument(p, "auto", more_help=" on the training rows")
-    p.add_argument(
-        "--no-curve",
-        action="store_true",
-        help="skip the learning curve (the head refitted on a quarter and a half of the training rows, scored "
-        "on the held-out ones beside the head trained on all: whether asking the teacher more rows would pay)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--out",
-        required=True,
-        help="a folder: the head (what prefill serve --readout takes), teacher.jsonl (rerun the same "
-        "command to continue) and distill.json (the report)",
     )
 
 
@@ -246,10 +251,9 @@ def run_static(settings: Settings, args, rows, skipped, train_rows, held, entrie
     distill` always gives, the learning curve, and the three-tier cascade (student, --middle, teacher) with the
     thresholds that reach 90 % and 95 % agreement; the one for --target-agreement is saved as the student's
     hand-off threshold (what `prefill serve --readout` uses unless --student-below says otherwise)."""
-    import time
 
     from ..static import StaticEngine, StaticStudent
-    from ..training import distill
+    from ..training import distill, tiers
     from ..training import static as training
 
     out = Path(args.out)
@@ -283,24 +287,10 @@ def run_static(settings: Settings, args, rows, skipped, train_rows, held, entrie
     if args.middle != "none" and held:
         print("prefill distill: the base model on the held-out rows, for the cascade", file=sys.stderr)
         base = build_prefill(settings.replace(model=middle, readouts=(), fallback_below=None), "distill")
-        records = []
-        for row in held:
-            probs = (entries.get(row.index) or {}).get("probs") or {}
-            asked = {qid: q for qid, q in questions.items() if qid in probs}
-            if not asked:
-                continue
-            started = time.perf_counter()
-            mine, _, _ = engine.probabilities(row.state, asked)
-            static_s = time.perf_counter() - started
-            started = time.perf_counter()
-            theirs, _, _ = base.engine.probabilities(row.state, asked)
-            base_s = time.perf_counter() - started
-            for qid in asked:
-                records.append(distill.tier_record(mine[qid], theirs[qid], probs[qid], static_s / len(asked),
-                                                   base_s / len(asked)))  # fmt: skip
+        records = tier_records(engine, base.engine, held, entries, questions)
         teacher_s = (report["teacher_answers"]["seconds_per_row"] or 0) / max(1, len(questions))
-        report["cascade_three_tiers"] = {"middle": base.name, **distill.three_tiers(records, teacher_s)}
-    chosen = distill.hand_off(report, args.target_agreement)
+        report["cascade_three_tiers"] = {"middle": base.name, **tiers.three_tiers(records, teacher_s)}
+    chosen = tiers.hand_off(report, args.target_agreement)
     training.set_hand_off(out, chosen)
     report["hand_off_below"] = chosen
     (out / "distill.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -308,6 +298,32 @@ def run_static(settings: Settings, args, rows, skipped, train_rows, held, entrie
     print(static_summary(report), file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def tier_records(student, middle, held, entries, questions) -> list[dict]:
+    """Each held-out question the teacher answered, as the three-tier cascade sees it (training/tiers.py): the
+    student's and the middle tier's answers, and each one's seconds for it."""
+    import time
+
+    from ..training import tiers
+
+    records = []
+    for row in held:
+        probs = (entries.get(row.index) or {}).get("probs") or {}
+        asked = {qid: q for qid, q in questions.items() if qid in probs}
+        if not asked:
+            continue
+        started = time.perf_counter()
+        mine, _, _ = student.probabilities(row.state, asked)
+        static_s = time.perf_counter() - started
+        started = time.perf_counter()
+        theirs, _, _ = middle.probabilities(row.state, asked)
+        middle_s = time.perf_counter() - started
+        for qid in asked:
+            records.append(
+                tiers.tier_record(mine[qid], theirs[qid], probs[qid], static_s / len(asked), middle_s / len(asked))
+            )
+    return records
 
 
 def static_summary(report: dict) -> str:
