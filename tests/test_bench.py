@@ -108,6 +108,7 @@ def test_bench_fast_section_reports_the_roofline(model_dir, tmp_path):  # noqa: 
     assert s["one_question_s"] > 0 and set(s["where_time_goes_s"]) == {
         "state pass",
         "tree pass",
+        "state and tree pass",  # a new state run with its questions, in one pass (exact modes)
         "answer log-probabilities",
         "rest",
     }

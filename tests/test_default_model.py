@@ -18,7 +18,10 @@ from prefill.bench.measure import TICKET_QUESTIONS as QUESTIONS
 from prefill.schema import Choice
 
 pytestmark = pytest.mark.default_model
-TOL = 1e-6  # exact by default, in whatever precision auto picks (docs/models-and-precision.md#exact-answers)
+# The tests run the default in fp32 (conftest: PREFILL_DTYPE), the reference, which is not exact: its answers move by
+# up to ~3e-6 packed vs alone (docs/models-and-precision.md#exact-answers); bf16 and int8 are held to the bit by
+# tests/test_precision.py, and on the 1.5B by benchmarks/speed/fastpath.py --exact.
+TOL = 1e-5
 
 
 def flat(a) -> list[float]:
