@@ -166,7 +166,8 @@ def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_
     def wrong(calibration=None) -> int:
         return sum((evaluate.calibrated(calibration, s)[0] > 0.5) != (s.gold == 0) for s in held)
 
-    assert wrong() >= wrong(cal) + 4 and wrong(cal) <= 9, (wrong(), wrong(cal))
+    # 15 -> 10 wrong since the split attention (2026-12-07; 9 before it: one held-out review on the line moved)
+    assert wrong() >= wrong(cal) + 4 and wrong(cal) <= 10, (wrong(), wrong(cal))
     served = Engine(served_default.backend, scoring=raw.scoring, calibration=cal)
     answers = served.ask(labelled[held[0].item].state, {"id": questions["negative"], "x": questions["positive"]})[0]
     first = [s for s in held if s.item == held[0].item]  # its two questions, in the order asked
