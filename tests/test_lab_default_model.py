@@ -166,7 +166,7 @@ def test_questions_calibrated_on_their_own_labelled_reviews_stop_leaning(served_
     def wrong(calibration=None) -> int:
         return sum((evaluate.calibrated(calibration, s)[0] > 0.5) != (s.gold == 0) for s in held)
 
-    # 15 -> 10 wrong since the split attention (2026-12-07; 9 before it: one held-out review on the line moved)
+    # 15 -> 10 wrong since the exactness changes of 2026-12-07 (9 before: one held-out review on the line moved)
     assert wrong() >= wrong(cal) + 4 and wrong(cal) <= 10, (wrong(), wrong(cal))
     served = Engine(served_default.backend, scoring=raw.scoring, calibration=cal)
     answers = served.ask(labelled[held[0].item].state, {"id": questions["negative"], "x": questions["positive"]})[0]
