@@ -112,13 +112,6 @@ async def send_all(url: str, bodies: list[dict], clients: int = 4) -> dict[int, 
     return statuses
 
 
-def hwm_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def measure(serve: str, n: int, model: str | None) -> dict:
     extra = shlex.split(serve)
     print(f"memory: starting prefill serve {serve or '(defaults)'}", file=sys.stderr, flush=True)
@@ -131,7 +124,7 @@ def measure(serve: str, n: int, model: str | None) -> dict:
         statuses = asyncio.run(send_all(url, requests(n)))
         after = rss_mib(pid)
         time.sleep(5)
-        settled, peak = rss_mib(pid), hwm_mib(pid)
+        settled, peak = rss_mib(pid), rss_mib(pid, "VmHWM")
     return {
         "serve": serve,
         "model": described.get("description") or described["name"],

@@ -134,8 +134,9 @@ def model_tokens(url: str, key: str | None = None) -> float:
     return float(re.search(r"^prefill_model_tokens_total (\S+)$", text, re.M).group(1))
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory from /proc (`field`: VmRSS now, VmHWM its peak), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
