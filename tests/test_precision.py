@@ -332,6 +332,45 @@ def test_a_row_policy_makes_calls_of_the_sizes_it_allows():
         assert sum(sizes) >= rows and all(48 <= s <= 112 and s % 16 == 0 for s in sizes)
         assert len(sizes) == -(-max(48, rows) // 112) or sum(sizes) - rows < 16 * len(sizes)
     assert RowPolicy(96, 112).calls(113) == [96, 96]  # never under its least, whatever the split
+    free = RowPolicy(48, 112, free_least=2, free_most=40)  # and any size from 2 to 40 unpadded
+    assert free.calls(2) == [2] and free.calls(23) == [23] and free.calls(40) == [40]
+    assert free.calls(1) == [48] and free.calls(41) == [48] and free.calls(400) == policy.calls(400)
+
+
+def test_the_free_range_is_the_longest_run_of_sizes_that_agree():
+    """A product that gives other bits in calls of 1 row and of 40 to 43 rows (as a GEMV path or another kernel
+    would): the sizes run unpadded are the longest run that agrees with calls of the policy's least."""
+    from prefill.backends.rowblocks import free_range
+
+    weight = torch.randn(8, 32, dtype=torch.float64)
+
+    def product(x):
+        out = x @ weight.T
+        return out + 1e-9 if len(x) == 1 or 40 <= len(x) <= 43 else out
+
+    x = torch.randn(107, 32, dtype=torch.float64)
+    assert free_range(product, x, 16, 100) == (44, 100)
+    assert free_range(product, x, 16, 60) == (2, 39)
+    assert free_range(lambda x: product(x) + (len(x) % 2) * 1e-9, x, 16, 100) == (0, 0)  # no run of 16 sizes
+
+
+@needs_bf16_units
+def test_a_policy_kept_without_a_free_range_gets_one_and_is_not_probed_again(tmp_path, monkeypatch):
+    from prefill.backends import rowblocks
+
+    monkeypatch.setenv("PREFILL_CACHE", str(tmp_path))
+    layer = torch.nn.Linear(256, 512, bias=False).to(torch.bfloat16)
+    cpu.pack_linears(layer)
+    product = functools.partial(cpu._packed_product, packed=layer._packed)
+    kept = {rowblocks._machine(torch.bfloat16, 512) + "-v5": {"256x512": {"least": 32, "most": 512, "step": 16}}}
+    (tmp_path / "rowblocks.json").write_text(json.dumps(kept))
+    monkeypatch.setattr(rowblocks, "probe", lambda *a, **k: pytest.fail("probed again"))
+    with torch.inference_mode():
+        (policy,) = rowblocks.policies({(256, 512): product}, torch.bfloat16, 512, free=64).values()
+    assert (policy.least, policy.most) == (32, 512) and policy.free_most <= 64
+    assert json.loads((tmp_path / "rowblocks.json").read_text())[next(iter(kept))]["256x512"]["free_most"] == (
+        policy.free_most
+    )
 
 
 def test_exact_is_refused_where_it_does_not_apply(tmp_path, tokenizer):

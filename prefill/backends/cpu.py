@@ -86,10 +86,12 @@ def row_policies(model) -> None:
     for is_head in (False, True):
         mine = {(i, o): f for (h, i, o), f in shapes.items() if h == is_head}
         if mine:
-            most, typical = (
-                (EXACT_HEAD_ROWS, rowblocks.TYPICAL_HEAD) if is_head else (EXACT_PASS_ROWS, rowblocks.TYPICAL)
+            most, typical, free = (
+                (EXACT_HEAD_ROWS, rowblocks.TYPICAL_HEAD, rowblocks.FREE_HEAD)
+                if is_head
+                else (EXACT_PASS_ROWS, rowblocks.TYPICAL, rowblocks.FREE)
             )
-            policies = rowblocks.policies(mine, torch.bfloat16, most, typical)
+            policies = rowblocks.policies(mine, torch.bfloat16, most, typical, free)
             found.update({(is_head, *k): v for k, v in policies.items()})
     for m in layers:
         m._rows = found[(m is head, m.in_features, m.out_features)]

@@ -13,9 +13,14 @@ least L and a most M such that every multiple of STEP rows from L to M gives a r
 it, wherever the row sits. A pass is padded to L rows at least and multiplied in as few calls of at most M rows
 as it takes (`RowPolicy.calls`). Among the ranges found it keeps the one that slows the TYPICAL passes least
 relative to one plain call each, timed here. Where the kernel never changes its mind (the AMD machine without AMX
-was seen so), L is 16 and M the whole pass. The probe runs once per weight shape and machine, at the first load
-(tens of seconds for the 1.5B on the Xeon), and its findings are kept for this CPU, torch, thread count and
-precision (`~/.cache/prefill/rowblocks.json`).
+was seen so), L is 16 and M the whole pass. Padding costs most where passes are small and the products bound by
+arithmetic, so small sizes are also tried one by one (up to FREE rows): a pass in the longest run of them that
+agrees with the calls of L rows is one call, unpadded (`free_range`; on the AMD machine, every size from 2). The
+probe runs once per weight shape and machine, at the first load,
+and its findings are kept for this CPU, torch, thread count and precision (`~/.cache/prefill/rowblocks.json`). It
+multiplies every size it vouches for, twice: for the 1.5B, 78 s on the AMD EPYC with AVX-512 bf16 and no AMX (a
+first start of 91 s against 13 s with the policies kept; 2026-12-07), less on the Xeon, whose products are
+several times faster.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -38,6 +43,11 @@ CANDIDATES = (16, 32, 48, 64, 96, 128, 192, 256)  # the fewest rows a call may h
 # question's last prompt token, and one per answer token after its first).
 TYPICAL = {24: 1.0, 400: 2.0, 800: 1.0}
 TYPICAL_HEAD = {2: 2.0, 30: 1.0}
+# Sizes tried one by one for a range run unpadded (`free_range`): on the AMD EPYC without AMX every size but 1 is
+# consistent, and padding a cached state's one-question pass (~24 rows) to 32 cost its request 21 % there. Above
+# these, padding to a multiple of STEP adds at most an eighth (the LM head: a sixth at 96 rows).
+FREE = 128
+FREE_HEAD = 48
 
 
 @dataclass(frozen=True)
@@ -45,10 +55,16 @@ class RowPolicy:
     least: int  # every call has at least this many rows (a pass padded with zero rows to reach it)
     most: int  # and at most this many, a multiple of STEP
     step: int = STEP
+    # and a pass of any size from free_least to free_most is one call, unpadded (0, 0: none found)
+    free_least: int = 0
+    free_most: int = 0
 
     def calls(self, rows: int) -> list[int]:
-        """The call sizes for a pass of `rows` rows: as few calls as `most` allows, of near-equal sizes, each a
-        multiple of `step` in [least, most] (their sum may pass `rows`: the rest is padding)."""
+        """The call sizes for a pass of `rows` rows: one call where `rows` is in the free range; else as few
+        calls as `most` allows, of near-equal sizes, each a multiple of `step` in [least, most] (their sum may
+        pass `rows`: the rest is padding)."""
+        if self.free_least <= rows <= self.free_most:
+            return [rows]
         padded = max(self.least, -(-rows // self.step) * self.step)
         n = -(-padded // self.most)
         units = padded // self.step
@@ -78,6 +94,28 @@ def consistent(product: Callable, x: torch.Tensor, least: int, most: int) -> int
                 largest = size - STEP
                 break
     return largest if largest >= least else 0
+
+
+def free_range(product: Callable, x: torch.Tensor, least: int, most: int) -> tuple[int, int]:
+    """The longest run of consecutive call sizes up to `most` (every size, not only multiples of STEP) that
+    give each row the bits calls of `least` rows give it, wherever it sits (two offsets); (0, 0) if none of
+    STEP sizes or more."""
+    ok = [True] * (most + 1)
+    ok[0] = False
+    for shift in (0, 7):
+        rows = x[shift : shift + most]
+        reference = multiply(rows, product, RowPolicy(least, least, least))
+        for size in range(1, most + 1):
+            ok[size] = ok[size] and torch.equal(product(rows[:size]), reference[:size])
+    runs, start = [], None
+    for size in range(1, most + 2):
+        if size <= most and ok[size]:
+            start = size if start is None else start
+        elif start is not None:
+            runs.append((start, size - 1))
+            start = None
+    best = max(runs, key=lambda run: run[1] - run[0], default=(0, 0))
+    return best if best[1] - best[0] + 1 >= STEP else (0, 0)
 
 
 def probe(
@@ -111,9 +149,14 @@ def _seconds(product: Callable, x: torch.Tensor, rows: int, policy: RowPolicy, r
 
 
 def policies(
-    shapes: dict[tuple[int, int], Callable], dtype: torch.dtype, most: int, typical: dict[int, float] = TYPICAL
+    shapes: dict[tuple[int, int], Callable],
+    dtype: torch.dtype,
+    most: int,
+    typical: dict[int, float] = TYPICAL,
+    free: int = FREE,
 ) -> dict[tuple, RowPolicy]:
-    """A policy per (in, out) shape, read from the cache or probed (and saved): the probe says what it does."""
+    """A policy per (in, out) shape, read from the cache or probed (and saved): the probe says what it does. A
+    policy kept before free ranges were probed gets its free range alone (seconds, not the whole probe)."""
     from ..loading import cache_dir
 
     path = cache_dir() / "rowblocks.json"
@@ -121,15 +164,23 @@ def policies(
     saved = json.loads(path.read_text()) if path.is_file() else {}
     mine = saved.setdefault(key, {})
     out = {}
+    missing = [f"{n_in}x{n_out}" for n_in, n_out in shapes if "free_most" not in mine.get(f"{n_in}x{n_out}", {})]
+    started = time.perf_counter()
     for (n_in, n_out), product in shapes.items():
         name = f"{n_in}x{n_out}"
-        if name not in mine:
+        if name in missing:
             print(
-                f"prefill: finding the row counts this CPU's {n_in} x {n_out} product is exact on (once)",
+                f"prefill: [{missing.index(name) + 1}/{len(missing)}] finding the row counts this CPU's {n_in} x"
+                f" {n_out} product is exact on (once per machine; {time.perf_counter() - started:.0f} s so far)",
                 file=sys.stderr,
             )
-            mine[name] = asdict(probe(product, n_in, dtype, most, typical))
+            policy = RowPolicy(**mine[name]) if name in mine else probe(product, n_in, dtype, most, typical)
+            x = torch.randn(free + 7, n_in, generator=torch.Generator().manual_seed(0)).to(dtype)
+            least, most_free = free_range(product, x, policy.least, free)
+            mine[name] = asdict(replace(policy, free_least=least, free_most=most_free))
         out[(n_in, n_out)] = RowPolicy(**mine[name])
+    if missing:
+        print(f"prefill: row counts found in {time.perf_counter() - started:.0f} s, kept in {path}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=1))
     return out
