@@ -10,20 +10,34 @@ import sys
 
 import pytest
 
+from prefill import precision
+
 from .helpers import make_model
 
 pytestmark = pytest.mark.slow  # the lab's runs, servers and downloads: the full tier
 
 
-def realtext(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "benchmarks.quality.realtext", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-
-
-def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
+def saved_tiny(tmp_path, tokenizer):
+    """A tiny random Qwen2 saved as a model directory, as a lab module's --model reads one."""
     model = tmp_path / "model"
     make_model("qwen2", len(tokenizer)).save_pretrained(model)
     tokenizer.save_pretrained(model)
+    return model
+
+
+def lab(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m benchmarks.MODULE ARGS`, as docs/measurements/ runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def realtext(*args: str) -> subprocess.CompletedProcess:
+    return lab("quality.realtext", *args)
+
+
+def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
+    model = saved_tiny(tmp_path, tokenizer)
     common = ["--model", str(model), "--items", "4", "--tasks", "fr_reviews,spam", "--formats", "chat"]
     for dtype in ("float32", "bfloat16"):
         run = realtext(*common, "--synthetic", "0", "--dtype", dtype, "--out", str(tmp_path / dtype))
@@ -34,14 +48,26 @@ def test_a_realtext_run_reports_and_compares(tmp_path, tokenizer):
     assert "| mean | all |" in compared.stdout
 
 
+@pytest.mark.skipif(not precision.has_bf16_units(), reason="bf16 runs on a CPU with bf16 units")
+def test_an_isolation_run_finds_exact_bf16_unmoved_and_plain_bf16_moved(tmp_path, tokenizer):
+    """benchmarks.quality.isolation on a tiny model in bf16: every way of asking gives the exact mode's answers to
+    the bit, and plain bf16's row shows a move (the comparison can see one)."""
+    model = saved_tiny(tmp_path, tokenizer)
+    run = lab("quality.isolation", "--model", str(model), "--dtype", "bfloat16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line.split(" | ") for line in run.stdout.splitlines()]
+    rows = {cells[0]: cells[2:] for cells in lines if cells[0] in ("| auto", "| off")}
+    assert set(rows) == {"| auto", "| off"}, run.stdout
+    assert all(cell.strip(" |") == "**0**" for cell in rows["| auto"]), run.stdout
+    assert any(cell.strip(" |") != "**0**" for cell in rows["| off"]), run.stdout
+
+
 def test_an_opposites_run_asks_each_opposite_as_served(tmp_path, tokenizer):
     """benchmarks.quality.opposites as docs/measurements/ runs it: every reading from one request a text, the paired
     answer (`x_opposite`, served) the question and its opposite read together, and the table from the saved run."""
     from prefill import with_opposite
 
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = saved_tiny(tmp_path, tokenizer)
     cmd = [sys.executable, "-m", "benchmarks.quality.opposites", "--model", str(model), "--dtype", "float32"]
     run = subprocess.run(
         [*cmd, "--items", "4", "--tasks", "fr_reviews,spam", "--out", str(tmp_path / "o")],
@@ -66,9 +92,7 @@ def test_an_opposites_run_asks_each_opposite_as_served(tmp_path, tokenizer):
 def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path, tokenizer):
     """benchmarks.training.distill_tasks as docs/measurements/ runs it (a tiny teacher loaded here, a tiny student with
     a head), then `--time-teacher N --model STUDENT`: both timed on the same rows in one process, with the ratio."""
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = saved_tiny(tmp_path, tokenizer)
     common = ["--teacher-model", str(model), "--tasks", "fr_reviews", "--out", str(tmp_path / "run")]
     cmd = [sys.executable, "-m", "benchmarks.training.distill_tasks", *common]
     run = subprocess.run([*cmd, "--rows", "10", "--model", str(model)], capture_output=True, text=True, timeout=600)
@@ -85,9 +109,7 @@ def test_a_distillation_run_then_the_student_and_teacher_timed_in_turn(tmp_path,
 
 def fastpath_on_a_tiny_model(tmp_path, tokenizer, flag: str) -> list[str]:
     """`python -m benchmarks.speed.fastpath FLAG MODEL` on a tiny Qwen2 model: the lines it prints."""
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = saved_tiny(tmp_path, tokenizer)
     cmd = [sys.executable, "-m", "benchmarks.speed.fastpath", flag, str(model)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -118,9 +140,7 @@ def test_the_element_wise_work_fused_by_torch_compile_answers_as_eager(tmp_path,
 
 def side_benchmark(tmp_path, tokenizer, module: str):
     """benchmarks.MODULE on a tiny model saved here: a function running it with more arguments."""
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = saved_tiny(tmp_path, tokenizer)
     cmd = [sys.executable, "-m", f"benchmarks.{module}", "--model", str(model), "--dtype", "float32"]
     return lambda *args: subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
 
@@ -235,11 +255,8 @@ def test_a_newcomer_run_asks_every_case_and_counts_what_a_reader_would_say(tmp_p
     table's shape and its counts must still add up)."""
     from benchmarks.quality.newcomer import ASKED, CASES
 
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
-    cmd = [sys.executable, "-m", "benchmarks.quality.newcomer", "--model", str(model), "--dtype", "float32"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    model = saved_tiny(tmp_path, tokenizer)
+    run = lab("quality.newcomer", "--model", str(model), "--dtype", "float32")
     assert run.returncode == 0, run.stderr[-3000:]
     asked = sum(len(expected) for _, expected in CASES)
     rows = [line for line in run.stdout.splitlines() if line.endswith(("| yes |", "| **no** |"))]
@@ -259,9 +276,7 @@ def test_a_first_request_run_times_fresh_processes_with_and_without_warm_up(tmp_
     assert len(chosen) == REQUESTS
     ids = [q for _, questions in chosen for q in questions]
     assert len(ids) == len(set(ids))  # no question asked twice: each request pays its own priors
-    model = tmp_path / "model"
-    make_model("qwen2", len(tokenizer)).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = saved_tiny(tmp_path, tokenizer)
     cmd = [sys.executable, "-m", "benchmarks.speed.first_request", "--model", str(model), "--dtype", "float32"]
     run = subprocess.run(cmd + ["--rounds", "1"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
