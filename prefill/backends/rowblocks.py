@@ -15,12 +15,11 @@ as it takes (`RowPolicy.calls`). Among the ranges found it keeps the one that sl
 relative to one plain call each, timed here. Where the kernel never changes its mind (the AMD machine without AMX
 was seen so), L is 16 and M the whole pass. Padding costs most where passes are small and the products bound by
 arithmetic, so small sizes are also tried one by one (up to FREE rows): a pass in the longest run of them that
-agrees with the calls of L rows is one call, unpadded (`free_range`; on the AMD machine, every size from 2). The
-probe runs once per weight shape and machine, at the first load,
-and its findings are kept for this CPU, torch, thread count and precision (`~/.cache/prefill/rowblocks.json`). It
-multiplies every size it vouches for, twice: for the 1.5B, 78 s on the AMD EPYC with AVX-512 bf16 and no AMX (a
-first start of 91 s against 13 s with the policies kept; 2026-12-07), less on the Xeon, whose products are
-several times faster.
+agrees with the calls of L rows is one call, unpadded (`free_range`; on the AMD machine, every size from 1 or 2).
+The probe runs once per weight shape and machine, at the first load, and its findings are kept for this CPU,
+torch, thread count and precision (`~/.cache/prefill/rowblocks.json`). It multiplies every size it vouches for,
+twice: for the 1.5B, 82 s on the AMD EPYC with AVX-512 bf16 and no AMX (a first start of 95 s against 13 s with
+the policies kept; 2026-12-07), less on the Xeon, whose products are several times faster.
 """
 
 from __future__ import annotations
