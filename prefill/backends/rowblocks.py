@@ -80,40 +80,40 @@ def multiply(x: torch.Tensor, product: Callable, policy: RowPolicy) -> torch.Ten
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _references(product: Callable, x: torch.Tensor, least: int, most: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """At two offsets into x, `most` rows and their products in calls of exactly `least` rows: the bits every
+    other call size is checked against."""
+    rows = [x[shift : shift + most] for shift in (0, 7)]
+    return [(r, multiply(r, product, RowPolicy(least, least, least))) for r in rows]
+
+
+def _agrees(product: Callable, references: list[tuple[torch.Tensor, torch.Tensor]], size: int) -> bool:
+    return all(torch.equal(product(rows[:size]), reference[:size]) for rows, reference in references)
+
+
 def consistent(product: Callable, x: torch.Tensor, least: int, most: int) -> int:
     """The largest size up to `most` such that every call of a multiple of STEP rows from `least` to it gives
     each row the bits a call of `least` rows gives it, wherever the row sits (checked at two offsets); 0 if
     none."""
-    largest = most
-    for shift in (0, 7):
-        rows = x[shift : shift + most]
-        blocks = multiply(rows, product, RowPolicy(least, least, least))
-        for size in range(least, largest + 1, STEP):
-            if not torch.equal(product(rows[:size]), blocks[:size]):
-                largest = size - STEP
-                break
-    return largest if largest >= least else 0
+    references = _references(product, x, least, most)
+    size = least
+    while size <= most and _agrees(product, references, size):
+        size += STEP
+    return size - STEP if size > least else 0
 
 
 def free_range(product: Callable, x: torch.Tensor, least: int, most: int) -> tuple[int, int]:
     """The longest run of consecutive call sizes up to `most` (every size, not only multiples of STEP) that
     give each row the bits calls of `least` rows give it, wherever it sits (two offsets); (0, 0) if none of
     STEP sizes or more."""
-    ok = [True] * (most + 1)
-    ok[0] = False
-    for shift in (0, 7):
-        rows = x[shift : shift + most]
-        reference = multiply(rows, product, RowPolicy(least, least, least))
-        for size in range(1, most + 1):
-            ok[size] = ok[size] and torch.equal(product(rows[:size]), reference[:size])
-    runs, start = [], None
+    references = _references(product, x, least, most)
+    best, start = (0, -1), None
     for size in range(1, most + 2):
-        if size <= most and ok[size]:
-            start = size if start is None else start
-        elif start is not None:
-            runs.append((start, size - 1))
+        if size <= most and _agrees(product, references, size):
+            start = start or size
+        elif start:
+            best = max(best, (start, size - 1), key=lambda run: run[1] - run[0])
             start = None
-    best = max(runs, key=lambda run: run[1] - run[0], default=(0, 0))
     return best if best[1] - best[0] + 1 >= STEP else (0, 0)
 
 
