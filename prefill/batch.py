@@ -22,7 +22,9 @@ import hashlib
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,10 +100,15 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
 
 
 def count_rows(path: Path) -> int:
-    if file_format(path) == "parquet":
+    """The rows `read_rows` yields (for the progress bar): a JSONL's non-blank lines, unparsed."""
+    kind = file_format(path)
+    if kind == "parquet":
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows
+    if kind == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
     return sum(1 for _ in read_rows(path))
 
 
@@ -224,9 +231,31 @@ def groups(source: Path, done: Mapping[int, Any], batch_size: int) -> Iterator[G
 def answered_groups(
     engine: Engine, planned: Iterator[Group], questions: Mapping, state_field: str | None
 ) -> Iterator[tuple[Group, list[dict]]]:
-    """Each group with its entries, in order, answered in this process."""
-    for group in planned:
-        yield group, unreadable(group) or answer_group(engine, group, questions, state_field)
+    """Each group with its entries, in order, answered in this process. An engine that answers a row in well
+    under a millisecond (`answers_ahead`: the static student) answers the next group in a thread while this
+    one is journaled: its tokenizer runs without the GIL, on the other core, beside the journal's JSON."""
+
+    def answer(group: Group) -> list[dict]:
+        return unreadable(group) or answer_group(engine, group, questions, state_field)
+
+    if not getattr(engine, "answers_ahead", False):
+        for group in planned:
+            yield group, answer(group)
+        return
+    ahead = int(engine.answers_ahead)
+    pool = ThreadPoolExecutor(ahead, thread_name_prefix="prefill-batch")
+    try:
+        waiting: deque = deque()
+        for group in planned:
+            waiting.append((group, pool.submit(answer, group)))
+            if len(waiting) > ahead:
+                group, entries = waiting.popleft()
+                yield group, entries.result()
+        while waiting:
+            group, entries = waiting.popleft()
+            yield group, entries.result()
+    finally:  # stopped (Ctrl-C, --on-error stop): a group not started yet is not answered for nothing
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def unreadable(group: Group) -> list[dict] | None:

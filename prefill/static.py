@@ -25,6 +25,7 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,20 +67,46 @@ class Taught:
 
     signature: str
     answers: list[str]
-    weights: np.ndarray  # (answers, dims + HASH_BUCKETS) float32
+    meaning_weights: np.ndarray  # (answers, dims) float32
+    form_weights: np.ndarray  # (HASH_BUCKETS, answers) float32: a bucket's weights together, as a row reads them
     bias: np.ndarray  # (answers,)
     temperature: float
 
-    def distribution(self, meaning: np.ndarray, form: tuple[np.ndarray, np.ndarray], order: Sequence[str]):
-        """Probabilities over `order` (the request's answers, by name)."""
-        dims = len(meaning)
-        buckets, values = form
-        logits = self.weights[:, :dims] @ meaning + self.weights[:, dims + buckets] @ values + self.bias
-        logits = logits.astype(np.float64) / self.temperature
-        p = np.exp(logits - logits.max())
-        p /= p.sum()
+    @classmethod
+    def of(cls, signature: str, answers: list[str], weights: np.ndarray, bias: np.ndarray, temperature: float):
+        """From the weights as saved: (answers, dims + HASH_BUCKETS), the meaning's columns first."""
+        dims = weights.shape[1] - HASH_BUCKETS
+        meaning, form = np.ascontiguousarray(weights[:, :dims]), np.ascontiguousarray(weights[:, dims:].T)
+        return cls(signature, answers, meaning, form, bias, temperature)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.meaning_weights.nbytes + self.form_weights.nbytes + self.bias.nbytes)
+
+    def positions(self, order: Sequence[str]) -> np.ndarray:
+        """Where the answers named in `order` (a request's order) sit among this head's."""
         where = {name: i for i, name in enumerate(self.answers)}
-        return [float(p[where[name]]) for name in order]
+        return np.array([where[name] for name in order], dtype=np.int64)
+
+    def probabilities(self, features: Features) -> np.ndarray:
+        """(rows, answers) in the head's own order: softmax(W f + b) / T, every row on its own numbers. Rows are
+        taken a few at a time, so that a 255-answer question's products stay a few megabytes."""
+        step = max(1, 4096 // len(self.answers))
+        if len(features) <= step:
+            return self._probabilities(features)
+        return np.concatenate([self._probabilities(features.take(np.arange(i, min(i + step, len(features)))))
+                               for i in range(0, len(features), step)])  # fmt: skip
+
+    def _probabilities(self, f: Features) -> np.ndarray:
+        logits = (f.meaning[:, None, :] * self.meaning_weights[None]).sum(-1)  # a row's sums: its own, in order
+        pieces = np.diff(f.starts)
+        if pieces.any():
+            products = self.form_weights.take(f.buckets, axis=0)  # take: 6x faster than [] on these shapes
+            products *= f.values[:, None]
+            logits[pieces > 0] += np.add.reduceat(products, f.starts[:-1][pieces > 0], axis=0)
+        logits = (logits + self.bias).astype(np.float64) / self.temperature
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return p / p.sum(axis=1, keepdims=True)
 
 
 class StaticStudent:
@@ -100,68 +127,160 @@ class StaticStudent:
         self.tokenizer.no_truncation()
         self.name = self.config["name"]
         self.taught = {
-            q["signature"]: Taught(q["signature"], q["answers"], arrays[f"w{i}"], arrays[f"b{i}"], q["temperature"])
+            q["signature"]: Taught.of(q["signature"], q["answers"], arrays[f"w{i}"], arrays[f"b{i}"], q["temperature"])
             for i, q in enumerate(self.config["questions"])
         }
         self.hand_off_below = self.config.get("hand_off_below")
 
     @property
     def bytes(self) -> int:
-        return int(self.table.nbytes + sum(t.weights.nbytes + t.bias.nbytes for t in self.taught.values()))
+        return int(self.table.nbytes + sum(t.bytes for t in self.taught.values()))
 
     def knows(self, q: AnyQuestion) -> bool:
         return signature(q) in self.taught
 
-    def features(self, states: Sequence[Any]) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray], int]]:
-        """Each state's meaning and form (module docstring), and how many tokens it has. The texts are tokenized
-        together (`encode_batch`: the tokenizer's threads, on every core), then each row on its own with the
-        same calls: a row's features are the same bits in a batch and alone."""
+    def features(self, states: Sequence[Any]) -> Features:
+        """The states' meaning, form and token counts (module docstring), a row each. The texts are tokenized
+        together (`encode_batch_fast`: the tokenizer's threads, on every core) and read together, each row with
+        the same arithmetic as alone (`Features`)."""
         return read(self.tokenizer, self.table, [render_text(state) for state in states])
 
     def probabilities(self, state: Any, questions: Mapping[str, AnyQuestion]) -> tuple[dict[str, list[float]], int]:
         """Each question's distribution over its declared answers, and the tokens read. Every question must be
         one it knows (`knows`)."""
-        return self.answer(self.features([state])[0], questions)
+        features = self.features([state])
+        asked = {qid: self.head(q) for qid, q in questions.items()}
+        if None in asked.values():
+            raise KeyError(f"not taught: {', '.join(qid for qid, head in asked.items() if head is None)}")
+        return self.distributions(features, [asked])[0], int(features.tokens[0])
 
-    def answer(self, features, questions: Mapping[str, AnyQuestion], heads=None) -> tuple[dict[str, list[float]], int]:
-        """`probabilities` from a state's features; `heads`: each question's (Taught, answer labels), looked up
-        once for many rows."""
-        m, f, n = features
-        heads = heads or {qid: (self.taught[signature(q)], answer_labels(q)) for qid, q in questions.items()}
-        return {qid: heads[qid][0].distribution(m, f, heads[qid][1]) for qid in questions}, n
+    def head(self, q: AnyQuestion) -> tuple[Taught, np.ndarray] | None:
+        """The head that answers `q` and where its answers sit in `q`'s order; None where it was not taught."""
+        taught = self.taught.get(signature(q))
+        return None if taught is None else (taught, taught.positions(answer_labels(q)))
+
+    def distributions(
+        self, features: Features, asked: Sequence[Mapping[str, tuple[Taught, np.ndarray]]]
+    ) -> list[dict[str, list[float]]]:
+        """Row by row, each question asked of it (its head and order, `head`) with its distribution. Each head
+        reads only the rows that asked it, once for all of them."""
+        rows_of: dict[str, list[int]] = {}
+        for row, heads in enumerate(asked):
+            for sig in dict.fromkeys(taught.signature for taught, _ in heads.values()):
+                rows_of.setdefault(sig, []).append(row)
+        found = {
+            sig: dict(
+                zip(
+                    rows,
+                    self.taught[sig].probabilities(features if len(rows) == len(features) else features.take(rows)),
+                )
+            )
+            for sig, rows in rows_of.items()
+        }
+        return [
+            {qid: found[taught.signature][row][order].tolist() for qid, (taught, order) in heads.items()}
+            for row, heads in enumerate(asked)
+        ]
 
 
-def read(tokenizer, table: np.ndarray, texts: Sequence[str]) -> list[tuple[np.ndarray, tuple, int]]:
-    """Each text's meaning, form and token count (`StaticStudent.features`; training reads them the same way)."""
-    out = []
-    for text, encoding in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=False)):
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        out.append((meaning(table, ids), form(ids, text), len(ids)))
-    return out
+@dataclass
+class Features:
+    """Texts' features, a row a text. A row's numbers are the same bits whatever rows are read with it: every
+    reduction runs over one row's own numbers in one order (`np.add.reduceat`'s segments, a row's last axis),
+    and the form's counts are integers."""
+
+    meaning: np.ndarray  # (rows, dims) float32: the sum of the tokens' table rows, L2-normalised
+    starts: np.ndarray  # (rows + 1,) int64: row i's form is buckets[starts[i]:starts[i + 1]], values likewise
+    buckets: np.ndarray  # (pieces,) int64, ascending within a row
+    values: np.ndarray  # (pieces,) float32: the row's counts, L2-normalised
+    tokens: np.ndarray  # (rows,) int64
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def take(self, rows: Sequence[int]) -> Features:
+        """The rows named, in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = np.diff(self.starts)[rows]
+        starts = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+        picked = np.arange(starts[-1]) + np.repeat(self.starts[rows] - starts[:-1], lengths)
+        return Features(self.meaning[rows], starts, self.buckets[picked], self.values[picked], self.tokens[rows])
+
+    def dense(self) -> np.ndarray:
+        """(rows, dims + HASH_BUCKETS) float32: the rows as training reads them."""
+        rows, dims = self.meaning.shape
+        out = np.zeros((rows, dims + HASH_BUCKETS), dtype=np.float32)
+        out[:, :dims] = self.meaning
+        out[np.repeat(np.arange(rows), np.diff(self.starts)), dims + self.buckets] = self.values
+        return out
 
 
-def meaning(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    if not len(ids):
-        return np.zeros(table.shape[1], dtype=np.float32)
-    mean = table[ids].mean(axis=0)
-    norm = float(np.linalg.norm(mean))
-    return mean / norm if norm > 0 else mean
+def read(tokenizer, table: np.ndarray, texts: Sequence[str], rows_at_once: int = 64) -> Features:
+    """Each text's meaning, form and token count (`StaticStudent.features`; training reads them the same way).
+    The form is found `rows_at_once` texts at a time: its arrays then stay in the core's cache (2x faster than
+    2,048 texts at once, measured on the packages task's texts)."""
+    encodings = tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+    tokens = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(tokens.sum()))
+    ends = np.cumsum(tokens)
+    spans = [(i, min(i + rows_at_once, len(texts))) for i in range(0, len(texts), rows_at_once)]
+    forms = [form(ids[ends[i] - tokens[i] : ends[j - 1]], tokens[i:j], texts[i:j]) for i, j in spans]
+    starts, buckets, values = joined(forms)
+    return Features(meaning(table, ids, tokens), starts, buckets, values, tokens)
 
 
-def form(ids: np.ndarray, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """The hashed bag of tokens, token pairs and byte trigrams: (buckets, L2-normalised counts), buckets sorted."""
-    raw = np.frombuffer(text.lower().encode("utf-8"), dtype=np.uint8).astype(np.int64)
-    pieces = [ids * 0x9E3779B1 + 1]
-    if len(ids) > 1:
-        pieces.append(ids[:-1] * 0x85EBCA77 + ids[1:] * 0xC2B2AE3D + 2)
-    if len(raw) > 2:
-        pieces.append(raw[:-2] * 0x27D4EB2F + raw[1:-1] * 0x165667B1 + raw[2:] * 0xD3A2646C + 3)
-    mixed = np.concatenate(pieces)
-    hashed = (mixed ^ (mixed >> 15)) % HASH_BUCKETS
-    buckets, counts = np.unique(hashed, return_counts=True)
-    values = counts.astype(np.float32)
-    values /= float(np.linalg.norm(values)) or 1.0
-    return buckets, values
+def joined(forms: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Consecutive rows' forms (`form`'s starts, buckets, values) as one."""
+    offsets = np.cumsum([0] + [int(starts[-1]) for starts, _, _ in forms])
+    starts = np.concatenate([np.zeros(1, dtype=np.int64)] + [f[0][1:] + o for f, o in zip(forms, offsets)])
+    pieces = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.float32)]
+    return starts, np.concatenate(pieces[0] + [f[1] for f in forms]), np.concatenate(pieces[1] + [f[2] for f in forms])
+
+
+def meaning(table: np.ndarray, ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """(rows, dims): each row's tokens' table rows summed, L2-normalised (zeros for a row with none). A row at a
+    time: its rows of the table (about 90 KB for a 400-character text) stay in the core's cache, where one
+    `np.add.reduceat` over a batch's was 5x slower (measured on the packages task's texts)."""
+    sums = np.zeros((len(tokens), table.shape[1]), dtype=np.float32)
+    ends = np.cumsum(tokens).tolist()
+    for row, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+        if end > start:
+            np.add.reduce(table.take(ids[start:end], axis=0), axis=0, out=sums[row])
+    norms = np.sqrt((sums * sums).sum(axis=1, keepdims=True))
+    return sums / np.where(norms > 0, norms, 1)
+
+
+def form(ids: np.ndarray, tokens: np.ndarray, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's hashed bag of tokens, token pairs and byte trigrams of its lowercased UTF-8 text, none across
+    two rows: (starts, buckets, L2-normalised counts) as `Features` holds them. The pieces are put row by row
+    (a radix sort on the row), then each row's buckets sorted on their own (16-bit: a radix sort again), where
+    one sort of a batch's (row, bucket) keys took 4x as long."""
+    rows = len(tokens)
+    raw_texts = [t.lower().encode("utf-8") for t in texts]
+    raw = np.frombuffer(b"".join(raw_texts), dtype=np.uint8).astype(np.int64)
+    token_row = np.repeat(np.arange(rows), tokens)
+    byte_row = np.repeat(np.arange(rows), [len(t) for t in raw_texts])
+    pairs = token_row[:-1] == token_row[1:]
+    trigrams = byte_row[:-2] == byte_row[2:]
+    mixed = np.concatenate([
+        ids * 0x9E3779B1 + 1,
+        (ids[:-1] * 0x85EBCA77 + ids[1:] * 0xC2B2AE3D + 2)[pairs],
+        (raw[:-2] * 0x27D4EB2F + raw[1:-1] * 0x165667B1 + raw[2:] * 0xD3A2646C + 3)[trigrams],
+    ])  # fmt: skip
+    row = np.concatenate([token_row, token_row[:-1][pairs], byte_row[:-2][trigrams]])
+    order = np.argsort(row.astype(np.uint16) if rows <= 1 << 16 else row, kind="stable")
+    row, hashed = row[order], ((mixed ^ (mixed >> 15)) % HASH_BUCKETS).astype(np.uint16)[order]
+    starts = np.searchsorted(row, np.arange(rows + 1))
+    for start, end in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        hashed[start:end].sort(kind="stable")
+    first = np.ones(len(hashed), dtype=bool)
+    first[1:] = (hashed[1:] != hashed[:-1]) | (row[1:] != row[:-1])
+    at = np.flatnonzero(first)
+    counts = np.diff(np.append(at, len(hashed)))
+    row = row[at]
+    norms = np.sqrt(np.bincount(row, weights=counts.astype(np.float64) ** 2, minlength=rows))
+    starts = np.searchsorted(row, np.arange(rows + 1))
+    return starts, hashed[at].astype(np.int64), (counts / norms[row]).astype(np.float32)
 
 
 def fingerprint(folder: str | Path) -> str:
@@ -200,6 +319,9 @@ class StaticEngine:
     # `prefill batch`'s rows a group: each group's journal write is flushed to disk (fsync), which small groups of
     # sub-millisecond rows would spend most of their time on
     rows_per_batch: ClassVar[int] = 512
+    # `prefill batch` answers this many groups ahead, in threads, while it journals the one before
+    # (batch.answered_groups): the tokenizer runs without the GIL, beside the journal's JSON
+    answers_ahead: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         self.backend = StaticBackend(self.student)
@@ -235,27 +357,27 @@ class StaticEngine:
     def score_requests(self, requests) -> list[Scored | Exception]:
         """Each request's distributions for the questions the student knows (the rest are left for `conclude`
         to hand on, or refused here when there is no next tier)."""
-        asked: dict[int, tuple] = {}  # id(question) -> (Taught, labels), or None: looked up once for a batch
-        known_of: list[dict[str, AnyQuestion] | Exception] = []
+        heads: dict[int, tuple | None] = {}  # id(question) -> (Taught, order), or None: looked up once for a batch
+        known_of: list[dict[str, tuple] | Exception] = []
         for _, questions, _ in map(EngineRequest._make, requests):
             for q in questions.values():
-                if id(q) not in asked:
-                    taught = self.student.taught.get(signature(q))
-                    asked[id(q)] = (taught, answer_labels(q)) if taught else None
-            unknown = [qid for qid, q in questions.items() if asked[id(q)] is None]
+                if id(q) not in heads:
+                    heads[id(q)] = self.student.head(q)
+            unknown = [qid for qid, q in questions.items() if heads[id(q)] is None]
             if unknown and self.fallback is None:
                 known_of.append(ReadoutUnsupported(self._refusal(unknown)))
             else:
-                known_of.append({qid: q for qid, q in questions.items() if qid not in unknown})
+                known_of.append({qid: heads[id(q)] for qid, q in questions.items() if qid not in unknown})
         rows = [i for i, known in enumerate(known_of) if known and not isinstance(known, Exception)]
-        features = dict(zip(rows, self.student.features([requests[i][0] for i in rows])))
+        features = self.student.features([requests[i][0] for i in rows])
+        found = dict(zip(rows, zip(self.student.distributions(features, [known_of[i] for i in rows]),
+                                   features.tokens.tolist())))  # fmt: skip
         out: list[Scored | Exception] = []
         for i, known in enumerate(known_of):
             if isinstance(known, Exception):
                 out.append(known)
                 continue
-            heads = {qid: asked[id(q)] for qid, q in known.items()}
-            probs, n = self.student.answer(features[i], known, heads) if known else ({}, 0)
+            probs, n = found.get(i, ({}, 0))
             self.backend.tokens_run += n
             out.append(Scored(probs, n, [], []))
         return out

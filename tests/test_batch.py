@@ -99,18 +99,27 @@ def test_every_row_answered_as_alone(engine, tmp_path, ext):
     assert not (tmp_path / f"out{ext}.partial.jsonl").exists()
 
 
-@pytest.mark.parametrize("ext", [".jsonl", ".csv", ".parquet"])
-def test_resumed_after_an_interruption_equals_an_uninterrupted_run(engine, tmp_path, ext):
+class AnswersAhead(StopsAfter):
+    """The same, answering the next group in a thread while the one before is journaled (the static student)."""
+
+    answers_ahead = 1
+
+
+@pytest.mark.parametrize("ext,stops_after", [(".jsonl", StopsAfter), (".csv", StopsAfter),
+                                             (".parquet", StopsAfter), (".jsonl", AnswersAhead)])  # fmt: skip
+def test_resumed_after_an_interruption_equals_an_uninterrupted_run(engine, tmp_path, ext, stops_after):
     src = tmp_path / f"in{ext}"
     write(src, ROWS)
     whole = tmp_path / f"whole{ext}"
     run(engine, src, QUESTIONS, whole, state_field="text", batch_size=3, progress=False)
     out = tmp_path / f"out{ext}"
-    first = StopsAfter(engine, n=3)
+    first = stops_after(engine, n=3)
     with pytest.raises(KeyboardInterrupt):
         run(first, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
-    assert not out.exists() and first.rows == 6  # two batches done, kept
-    second = StopsAfter(engine)
+    assert not out.exists()
+    # two batches done, kept; answering ahead, the group after the failed one may have been answered, not kept
+    assert first.rows == 6 or (stops_after is AnswersAhead and first.rows == 9)
+    second = stops_after(engine)
     summary = run(second, src, QUESTIONS, out, state_field="text", batch_size=3, progress=False)
     assert summary.resumed_from == 6 and second.rows == len(ROWS) - 6  # nothing answered twice
     assert read(out) == read(whole)

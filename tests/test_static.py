@@ -16,7 +16,7 @@ import pytest
 
 from prefill.backends.base import ReadoutUnsupported
 from prefill.schema import Choice, Noul, Score
-from prefill.static import StaticEngine, StaticStudent, form, is_static, signature
+from prefill.static import StaticEngine, StaticStudent, is_static, signature
 from prefill.training import distill, tiers
 from prefill.training import static as training
 
@@ -136,12 +136,23 @@ def test_what_it_was_not_taught_or_is_unsure_of_goes_to_the_next_tier(student):
     assert set(unsure.decide("a crash", {"kind": QUESTIONS["kind"]}).escalated) == {"kind"}
 
 
-def test_the_form_features_are_one_bag_whatever_else_is_asked():
-    ids = np.array([5, 9, 5, 11])
-    buckets, values = form(ids, "Héllo héllo")
-    assert np.all(np.diff(buckets) > 0) and abs(float(np.linalg.norm(values)) - 1) < 1e-6
-    again = form(ids, "Héllo héllo")
-    assert np.array_equal(buckets, again[0]) and np.array_equal(values, again[1])
+def test_a_rows_features_are_the_same_bits_whatever_rows_are_read_with_it(student):
+    reader = StaticStudent(student)
+    texts_ = ["Héllo héllo, my invoice", "", "a", "the app crashes when I open it " * 40, "ok"]
+    together = reader.features(texts_)
+    assert together.tokens[1] == 0 and not together.meaning[1].any() and together.starts[1] == together.starts[2]
+    for i, text in enumerate(texts_):
+        for company in ([text], [text, *texts_], [*reversed(texts_), text]):
+            alone = reader.features(company)
+            j = company.index(text)
+            assert np.array_equal(alone.meaning[j], together.meaning[i])
+            s, e = alone.starts[j : j + 2]
+            assert np.array_equal(alone.buckets[s:e], together.buckets[together.starts[i] : together.starts[i + 1]])
+            assert np.array_equal(alone.values[s:e], together.values[together.starts[i] : together.starts[i + 1]])
+    s, e = together.starts[0:2]
+    assert np.all(np.diff(together.buckets[s:e]) > 0) and abs(float(np.linalg.norm(together.values[s:e])) - 1) < 1e-6
+    dense = together.dense()
+    assert np.array_equal(dense[3, : together.meaning.shape[1]], together.meaning[3]) and not dense[1].any()
 
 
 def test_three_tiers_cascade_as_defined():

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..schema import AnyQuestion, answer_labels
-from ..static import CONFIG, FORMAT, HASH_BUCKETS, TOKENIZER, WEIGHTS, read, signature
+from ..static import CONFIG, FORMAT, TOKENIZER, WEIGHTS, read, signature
 
 DIMS = 256
 SIF = 1e-4
@@ -97,13 +97,7 @@ def features(student_table: np.ndarray, tokenizer_file: Path, states: Sequence[A
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    table32 = student_table.astype(np.float32)
-    dims = table32.shape[1]
-    out = np.zeros((len(states), dims + HASH_BUCKETS), dtype=np.float32)
-    for i, (m, (buckets, values), _) in enumerate(read(tokenizer, table32, [render_text(s) for s in states])):
-        out[i, :dims] = m
-        out[i, dims + buckets] = values
-    return out
+    return read(tokenizer, student_table.astype(np.float32), [render_text(s) for s in states]).dense()
 
 
 def _fit(x: torch.Tensor, targets: torch.Tensor, penalty: float, steps: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
