@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ..schema import AnyQuestion, answer_labels
-from ..static import CONFIG, FORMAT, TOKENIZER, WEIGHTS, read, signature
+from ..static import CONFIG, FORMAT, TOKENIZER, WEIGHTS, signature
+from ..static_features import read
 
 DIMS = 256
 SIF = 1e-4
