@@ -167,15 +167,10 @@ class StaticStudent:
         for row, heads in enumerate(asked):
             for sig in dict.fromkeys(taught.signature for taught, _ in heads.values()):
                 rows_of.setdefault(sig, []).append(row)
-        found = {
-            sig: dict(
-                zip(
-                    rows,
-                    self.taught[sig].probabilities(features if len(rows) == len(features) else features.take(rows)),
-                )
-            )
-            for sig, rows in rows_of.items()
-        }
+        found = {}
+        for sig, rows in rows_of.items():
+            some = features if len(rows) == len(features) else features.take(rows)
+            found[sig] = dict(zip(rows, self.taught[sig].probabilities(some)))
         return [
             {qid: found[taught.signature][row][order].tolist() for qid, (taught, order) in heads.items()}
             for row, heads in enumerate(asked)

@@ -19,9 +19,10 @@ HASH_BUCKETS = 1 << 15
 
 @dataclass
 class Features:
-    """Texts' features, a row a text. A row's numbers are the same bits whatever rows are read with it: every
-    reduction runs over one row's own numbers in one order (`np.add.reduceat`'s segments, a row's last axis),
-    and the form's counts are integers."""
+    """Texts' features, a row a text. A row's numbers are the same bits whatever rows are read with it: its
+    meaning is summed from its own table rows alone, its form's counts are integers, and every later reduction
+    (the norms, the heads' products) runs over one row's own numbers in one order (a row's last axis,
+    `np.add.reduceat`'s segments)."""
 
     meaning: np.ndarray  # (rows, dims) float32: the sum of the tokens' table rows, L2-normalised
     starts: np.ndarray  # (rows + 1,) int64: row i's form is buckets[starts[i]:starts[i + 1]], values likewise
