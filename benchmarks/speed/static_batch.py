@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.training.distill_tasks import write_task
+from benchmarks.training.static_student import batch_seconds
 
 
 def untrained_student(questions_file: Path, out: Path) -> None:
@@ -39,19 +37,6 @@ def untrained_student(questions_file: Path, out: Path) -> None:
         heads.append({"question": q, "weights": weights, "bias": np.zeros(n, np.float32), "temperature": 1.0,
                       "penalty": 0.0, "out_of_fold_agreement": 0.0})  # fmt: skip
     training.save(out, "untrained", table, tokenizer, heads)
-
-
-def rows_a_second(code: Path, data: Path, questions: Path, student: Path, out: Path) -> float:
-    out.unlink(missing_ok=True)
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "prefill.cli", "batch", str(data), "--questions", f"@{questions}", "--state-field",
-         "text", "--readout", str(student), "--student-below", "0", "--out", str(out)],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        cwd=code, env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "2"},  # -m puts the cwd first
-    )  # fmt: skip
-    seconds = time.perf_counter() - started
-    return sum(1 for _ in open(data, encoding="utf-8")) / seconds
 
 
 def main(argv=None) -> None:
@@ -75,7 +60,8 @@ def main(argv=None) -> None:
             untrained_student(questions, work / task / "student")
             for r in range(1, args.rounds + 1):
                 for label, code in codes.items():
-                    rate = rows_a_second(code, big, questions, work / task / "student", work / task / "out.jsonl")
+                    seconds = batch_seconds(big, questions, work / task / "student", work / task / "out.jsonl", code)
+                    rate = args.rows / seconds
                     rates.setdefault((task, label), []).append(rate)
                     print(f"[{task} {r}/{args.rounds}] {label}: {rate:.0f} rows/s over {args.rows:,} rows "
                           f"(texts of {chars:.0f} characters on average)", file=sys.stderr, flush=True)  # fmt: skip

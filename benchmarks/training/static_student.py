@@ -184,6 +184,20 @@ def _row(held, state) -> int:
     return next(r.index for r in held if r.state == state)
 
 
+def batch_seconds(data: Path, questions: Path, student: Path, out: Path, code: Path | None = None) -> float:
+    """Seconds `prefill batch` takes over `data` with the static student alone (`--student-below 0`), on 2 cores,
+    the process's start included; `code`: another checkout of prefill to run instead."""
+    out.unlink(missing_ok=True)  # measured again: prefill batch refuses to overwrite a finished output
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "prefill.cli", "batch", str(data), "--questions", f"@{questions}", "--state-field",
+         "text", "--readout", str(student), "--student-below", "0", "--out", str(out)],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=code,  # -m puts the cwd first
+        env={**os.environ, "OMP_NUM_THREADS": "2", **({"PYTHONPATH": str(code)} if code else {})},
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
 def batch_rate(folder: Path, rows_at_least: int = 100_000) -> dict:
     """`prefill batch --readout --student-below 0` with the static student over the task's rows (repeated to
     `rows_at_least`), 2 cores: rows a second, the process's start and load included, and the start alone (the
@@ -193,17 +207,9 @@ def batch_rate(folder: Path, rows_at_least: int = 100_000) -> dict:
     for label, copies in (("one row", None), ("all", -(-rows_at_least // len(rows)))):
         data, out = folder / "batch-rows.jsonl", folder / "batch-out.jsonl"
         data.write_text("\n".join(rows[:1] if copies is None else rows * copies) + "\n")
-        out.unlink(missing_ok=True)  # measured again: prefill batch refuses to overwrite a finished output
-        print(f"  prefill batch: {label} ({sum(1 for _ in open(data))} rows)", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "prefill.cli", "batch", str(data), "--questions", f"@{folder / 'questions.json'}",
-             "--state-field", "text", "--readout", str(folder / "static"), "--student-below", "0", "--out", str(out)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": "2"},
-        )  # fmt: skip
-        seconds[label] = time.perf_counter() - started
         n = sum(1 for _ in open(data))
+        print(f"  prefill batch: {label} ({n} rows)", file=sys.stderr, flush=True)
+        seconds[label] = batch_seconds(data, folder / "questions.json", folder / "static", out)
         data.unlink()
     return {"rows": n, "rows_per_second": n / seconds["all"], "start_seconds": seconds["one row"],
             "answering_rows_per_second": n / max(1e-9, seconds["all"] - seconds["one row"])}  # fmt: skip
