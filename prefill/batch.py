@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import logging
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -174,6 +173,25 @@ class Journal:
             f.truncate(good)
         return rows
 
+    def records(self) -> list[dict]:
+        """Every finished row's record, in row order."""
+        return [e["record"] for _, e in sorted(self.done().items())]
+
+    def record_lines(self) -> Iterator[str]:
+        """Every finished row's record as the JSON text its journal line holds, in row order, never parsed:
+        an entry is written row, line, [error,] record, so its record is the text after the first `, "record": `
+        (inside a JSON string a quote is always escaped, so that text cannot occur earlier). Writing a JSONL
+        OUT this way, rather than by parsing the journal and dumping each record again, saves about a third of
+        `prefill batch`'s JSON time with the static student (docs/measurements/static-student.md)."""
+        rows = []
+        with open(self.path, encoding="utf-8") as f:
+            next(f)  # the header
+            for line in f:
+                head, _, record = line.partition(', "record": ')
+                rows.append((int(head[len('{"row": ') : head.index(",")]), record.rstrip("\n")[:-1]))
+        rows.sort(key=lambda r: r[0])  # written in row order already; sorted in case
+        return (record for _, record in rows)
+
     def open(self):
         new = not self.path.exists() or self.path.stat().st_size == 0
         f = open(self.path, "a", encoding="utf-8")
@@ -277,7 +295,8 @@ def run(
     answer=None,
 ) -> Summary:
     """Answer `questions` for every row of `source` into `out` (see the module's docstring). `answer`
-    replaces answering here: a function of the planned groups yielding (group, entries) in order (ray_batch)."""
+    replaces answering here: a function of the planned groups yielding (group, entries) in order
+    (batch_ray.ray_answers)."""
     from tqdm import tqdm
 
     file_format(out)
@@ -314,20 +333,23 @@ def run(
             log.flush()
             os.fsync(log.fileno())
             bar.update(len(group))
-    write_out(out, [e["record"] for _, e in sorted(journal.done().items())])
+    write_out(out, journal)
     journal.path.unlink()
     return summary
 
 
-def write_out(out: Path, records: list[dict]) -> None:
-    """OUT in its format, written aside and renamed into place (a reader never sees half a file)."""
+def write_out(out: Path, journal: Journal) -> None:
+    """OUT in its format, from the journal's records, written aside and renamed into place (a reader never
+    sees half a file). A JSONL OUT's lines are the journal's records as written (`Journal.record_lines`)."""
     tmp = out.with_name(out.name + ".tmp")
     kind = file_format(out)
     if kind == "jsonl":
         with open(tmp, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-    elif kind == "csv":
+            f.writelines(record + "\n" for record in journal.record_lines())
+        os.replace(tmp, out)
+        return
+    records = journal.records()
+    if kind == "csv":
         columns = list(dict.fromkeys(k for r in records for k in r))
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             writer = csv.DictWriter(f, columns)
@@ -343,65 +365,3 @@ def write_out(out: Path, records: list[dict]) -> None:
         columns = list(dict.fromkeys(k for r in records for k in r))
         pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in records]), tmp)
     os.replace(tmp, out)
-
-
-def ray_answers(make_engine, questions: Mapping, state_field: str | None, *, actors: int, address: str | None = None):
-    """`run`'s `answer` on Ray Data: the groups are spread over `actors` engine actors (each one loads the
-    model once: `make_engine`, a picklable function), in order, so the journal, the resume and the output are
-    those of the single-process run (the groups are the same, so each answer is too). Local Ray, or the
-    cluster at `address`. The groups are planned on the driver first (the rows not done yet, in memory)."""
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data configures its logging: our bar
-    import ray  # says how far the job is
-
-    def answer(planned: Iterator[Group]) -> Iterator[tuple[Group, list[dict]]]:
-        planned = list(planned)
-        readable = [g for g in planned if not unreadable(g)]
-        if readable:
-            if not ray.is_initialized():
-                ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
-            context = ray.data.DataContext.get_current()
-            context.execution_options.preserve_order = True
-            context.enable_progress_bars = False
-            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // actors)
-            gpus = 1 if ray.cluster_resources().get("GPU") else 0  # one engine per GPU (not tried here: no GPU)
-            wire = {k: q.model_dump(mode="json") for k, q in questions.items()}
-            items = [{"group": json.dumps(g, ensure_ascii=False, default=str)} for g in readable]
-            results = (
-                ray.data.from_items(items)
-                .map_batches(
-                    _RayAnswerer,
-                    batch_size=1,
-                    batch_format="pandas",
-                    concurrency=actors,
-                    num_cpus=cpus,
-                    num_gpus=gpus,
-                    fn_constructor_args=(make_engine, wire, state_field, cpus),
-                )
-                .iter_rows()
-                .__iter__()
-            )
-        for group in planned:
-            yield group, unreadable(group) or json.loads(next(results)["entries"])
-
-    return answer
-
-
-class _RayAnswerer:
-    """One engine per actor, answering one group per call."""
-
-    def __init__(self, make_engine, wire: dict, state_field: str | None, threads: int):
-        import torch
-
-        torch.set_num_threads(threads)
-        self.engine, self.questions, self.state_field = make_engine(), wire_questions(wire), state_field
-
-    def __call__(self, batch):
-        batch["entries"] = [
-            json.dumps(
-                answer_group(self.engine, [tuple(r) for r in json.loads(g)], self.questions, self.state_field),
-                ensure_ascii=False,
-                default=str,
-            )
-            for g in batch["group"]
-        ]
-        return batch[["entries"]]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prefill.batch import ERROR_COLUMN, BatchError, RowFailed, load_questions, run
+from prefill.batch import ERROR_COLUMN, BatchError, Journal, RowFailed, load_questions, run
 from prefill.engine import Engine
 
 from .helpers import make_backend, make_model
@@ -134,6 +134,29 @@ def test_a_torn_journal_line_is_cut_and_redone(engine, tmp_path):
     journal.write_text(journal.read_text() + '{"row": 4, "line": 5, "rec')  # killed mid-write
     run(engine, src, QUESTIONS, out, state_field="text", batch_size=4, progress=False)
     assert [r["id"] for r in read(out)] == list(range(len(ROWS)))
+
+
+def test_a_jsonl_out_is_the_journals_records_as_written(engine, tmp_path):
+    """A JSONL OUT's lines are sliced from the journal, not parsed and dumped again: a text that holds the
+    journal's own keys, a row that fails and non-ASCII text come out as the parsed entries would."""
+    tricky = [
+        {"id": 0, "text": 'a ", "record": {"row": 9}} and \\", "record": x'},
+        {"id": 1, "body": "no text field: a row that fails"},
+        {"id": 2, "text": "Ça coûte 5 € — refund?\nmerci", "nested": {"record": [1, {"row": 2}]}},
+        *ROWS[3:7],
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(src, tricky)
+    with pytest.raises(KeyboardInterrupt):
+        run(StopsAfter(engine, n=3), src, QUESTIONS, out, state_field="text", batch_size=2, progress=False)
+    journal = Journal(out, src, QUESTIONS)
+    parsed = journal.records()
+    assert len(parsed) == 4 and [json.loads(t) for t in journal.record_lines()] == parsed
+    run(engine, src, QUESTIONS, out, state_field="text", batch_size=2, progress=False)
+    got = read(out)
+    assert [{k: r[k] for k in row} for r, row in zip(got, tricky)] == tricky  # every row, its fields unchanged
+    assert got[:4] == parsed and ERROR_COLUMN in got[1] and "team" in got[2]
+    assert out.read_text(encoding="utf-8").splitlines() == [json.dumps(r, ensure_ascii=False) for r in got]
 
 
 def test_other_questions_do_not_mix_with_a_journal(engine, tmp_path):

@@ -47,9 +47,11 @@ ASKED = {
 
 def write_task(name: str, rows: int, seed: int, folder: Path, unlabelled: bool = False) -> tuple[Path, Path]:
     """rows.jsonl ({text, gold}) and questions.json for one task, as many texts of each label; `unlabelled`:
-    with the task's texts that carry none of its labels mixed in (gold null), as a user's rows would come."""
+    with the task's texts that carry none of its labels mixed in (gold null), as a user's rows would come.
+    `name`: a task, asked its question in ASKED, or "task:qid" for another of its phrasings (emails:spam)."""
+    name, _, qid = name.partition(":")
     task = TASKS[name]
-    phrasing = next(p for p in task.phrasings if p.qid == ASKED[name])
+    phrasing = next(p for p in task.phrasings if p.qid == (qid or ASKED[name]))
     folder.mkdir(parents=True, exist_ok=True)
     data, q = folder / "rows.jsonl", folder / "questions.json"
     records = []

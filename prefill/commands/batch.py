@@ -76,8 +76,9 @@ def static_alone(settings: Settings, questions) -> Any:
 
 
 def run(settings: Settings, args) -> int:
-    from ..batch import BatchError, RowFailed, load_questions, ray_answers
+    from ..batch import BatchError, RowFailed, load_questions
     from ..batch import run as run_batch
+    from ..batch_ray import ray_answers
     from ..loading import ModelNotFound
 
     source, out = Path(args.input), Path(args.out)
