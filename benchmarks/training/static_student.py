@@ -6,10 +6,13 @@ process), memory, and the static student's rows a second through `prefill batch`
 0.2.0 (Apache-2.0, numpy only: a general static-embedding decision model distilled from a 4B teacher), asked the
 same questions about the same held-out rows, training-free.
 
-    python -m benchmarks.training.static_student --out out/static                 # ~45 min on 2 cores
+    python -m benchmarks.training.static_student --out out/static                 # ~2 h on 2 cores
     python -m benchmarks.training.static_student --out out/static --report        # the table again
     python -m benchmarks.training.static_student --out out/static --measure       # the students measured again
     python -m benchmarks.training.static_student --out out/static --tasks language --rows 120 --no-egemma  # smoke
+    python -m benchmarks.training.static_student --out out/static-1600 --tasks emails:spam --rows 1600 --no-egemma
+
+A task is asked its usual question (distill_tasks.ASKED), or another of its phrasings as task:qid (emails:spam).
 
 Every step says what it does and how far it is; a rerun reuses the teacher's journals (`prefill distill` resumes).
 """
@@ -29,7 +32,8 @@ from pathlib import Path
 
 from benchmarks.training.distill_tasks import write_task
 
-TASKS = ("lists", "packages", "language", "emails")
+# emails:spam: the e-mails asked "Is this email spam?" (yes/no), the way users ask it most, beside the choice.
+TASKS = ("lists", "packages", "language", "emails", "emails:spam")
 TEACHER = "qwen2.5-coder-1.5b-instruct"
 MIDDLE = "qwen2.5-coder-0.5b-instruct"
 
